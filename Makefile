@@ -1,0 +1,37 @@
+# gnnscale — `make help` lists the targets. Everything the project needs is installed from here.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.gnnscale-installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "}; /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install gnnscale (editable, dev extras); quick when done already
+
+demo: $(STAMP) ## Run the whole pipeline on the built-in synthetic graph
+	$(BIN)/gnnscale pipeline
+
+test: $(STAMP) ## Run the test suite (tiny graphs, CPU, a few minutes)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff check + format check
+	$(BIN)/ruff check gnnscale tests scripts
+	$(BIN)/ruff format --check gnnscale tests scripts
+
+bench: bench-storage ## Run the benchmarks (large: see scripts/bench_*.py)
+
+bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
+	$(BIN)/python scripts/bench_storage.py
+
+clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)
+	rm -rf graphs runs outputs bench/tmp

@@ -1,0 +1,104 @@
+"""The `gnnscale` command: compose the stage's config, call stages.<stage>.run(cfg), exit 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from omegaconf import OmegaConf
+
+from gnnscale.errors import GnnscaleError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    help=(
+        "gnnscale: from a raw graph to trained GNN embeddings at any scale.\n\n"
+        "Every command takes Hydra overrides after it: [bold]key=value[/bold], [bold]group=option[/bold], "
+        "[bold]+exp=NAME[/bold]. Add [bold]--cfg[/bold] to print the composed config and exit."
+    ),
+)
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+CFG_OPTION = typer.Option(False, "--cfg", help="Print the composed config and exit.")
+
+
+def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
+    from gnnscale.config import compose_config
+    from gnnscale.utils.ui import err_console
+
+    try:
+        cfg = compose_config(stage, overrides)
+        if show_cfg:
+            print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+            return
+        module = importlib.import_module(f"gnnscale.stages.{stage}")
+        module.run(cfg)
+    except GnnscaleError as exc:
+        err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err_console.print("error: interrupted; nothing half-written was published, re-run the same command to start again", markup=False)
+        raise typer.Exit(130) from None
+
+
+@app.command("shard", context_settings=_EXTRA)
+def shard_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """Raw graph -> graph_dir: meta.json + part_NNNNN.pt node-range shards (mmap-able).
+
+    [bold]Examples[/bold]
+
+      gnnscale shard                                   [dim]# built-in synthetic graph -> graphs/synthetic[/dim]
+
+      gnnscale shard data.num_nodes=1000000 data.avg_degree=30 graph_dir=graphs/syn1m
+
+      gnnscale shard data=planetoid data.path=../shared/data/planetoid_cora graph_dir=graphs/cora
+
+      gnnscale shard data=npz data.path=tolokers.npz data.split_index=0 overwrite=true
+
+      gnnscale shard data=edgelist data.path=edges.csv data.features=feat.npy data.labels=y.npy
+    """
+    _run("shard", ctx.args, cfg)
+
+
+@app.command("build-csr", context_settings=_EXTRA)
+def build_csr_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """graph_dir shards -> graph_dir/csc/{indptr,indices}.npy, built out of core and validated.
+
+    [bold]Examples[/bold]
+
+      gnnscale build-csr graph_dir=graphs/cora
+
+      gnnscale build-csr graph_dir=graphs/syn1m csc.validate=false
+    """
+    _run("build_csr", ctx.args, cfg)
+
+
+@app.command("pipeline", context_settings=_EXTRA)
+def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """Every stage in order (shard -> build-csr), skipping stages whose output is up to date.
+
+    [bold]Examples[/bold]
+
+      gnnscale pipeline                                [dim]# what `make demo` runs[/dim]
+
+      gnnscale pipeline data=planetoid data.path=../shared/data/planetoid_cora graph_dir=graphs/cora
+
+      gnnscale pipeline overwrite=true                 [dim]# rebuild everything[/dim]
+    """
+    _run("pipeline", ctx.args, cfg)
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

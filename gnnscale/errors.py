@@ -1,0 +1,28 @@
+"""User errors: each carries a fix-it hint; the CLI turns them into exit code 2 and one line."""
+
+
+class GnnscaleError(Exception):
+    """A problem with the user's input or config; never a bug in gnnscale."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = self.message.rstrip(". ")
+        if self.hint:
+            text += f"; {self.hint.rstrip('. ')}"
+        return " ".join(text.split())
+
+
+class ConfigError(GnnscaleError):
+    """An unknown key, a wrongly typed value or an inconsistent combination of settings."""
+
+
+class DataError(GnnscaleError):
+    """Input data that is missing, unreadable, malformed or inconsistent."""
+
+
+class GraphDirError(DataError):
+    """A graph_dir that is absent, incomplete, stale or fails its checksums."""
