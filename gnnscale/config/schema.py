@@ -85,6 +85,20 @@ class OgbDataConfig(DataConfig):
     split_name: str = "auto"  # folder under split/ (e.g. sales_ranking, time)
 
 
+# ---------------------------------------------------------------- models (group `model`)
+@dataclass
+class ModelConfig:
+    arch: str = "sage"  # sage | gcn | mlp (features only; the baseline structure must beat)
+    hidden: int = 256
+    num_layers: int = 2
+    aggregator: str = "mean"  # SAGE: mean | pool | lstm | gcn
+    dropout: float = 0.5
+    norm: str = "none"  # none | batch | layer
+
+
+MODEL_SCHEMAS = {"sage": ModelConfig, "gcn": ModelConfig, "mlp": ModelConfig}
+
+
 # ---------------------------------------------------------------- stages
 @dataclass
 class ShardOptions:
@@ -139,7 +153,7 @@ STAGE_SCHEMAS = {
 }
 
 # group -> option -> schema; each configs/<group>/<option>.yaml lists `<option>_schema` first.
-GROUP_SCHEMAS = {"data": DATA_SCHEMAS}
+GROUP_SCHEMAS = {"data": DATA_SCHEMAS, "model": MODEL_SCHEMAS}
 
 _registered = False
 

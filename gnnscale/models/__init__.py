@@ -1,0 +1,104 @@
+"""Models (`model=`): GraphSAGE (dgl.nn.SAGEConv), GCN (dgl.nn.GraphConv) and a features-only MLP.
+
+Every model is a stack of layers applied one block at a time, so the same weights serve sampled
+mini-batch training (`forward(blocks, x)`) and layer-by-layer full-neighbour inference
+(`layer_forward(i, block, h)` over all nodes, one layer at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from torch import nn
+
+from gnnscale.errors import ConfigError
+
+ARCHS = ("sage", "gcn", "mlp")
+AGGREGATORS = ("mean", "pool", "lstm", "gcn")
+NORMS = ("none", "batch", "layer")
+
+
+class GNN(nn.Module):
+    def __init__(self, arch: str, in_dim: int, hidden: int, num_classes: int, num_layers: int, aggregator: str, dropout: float, norm: str):
+        super().__init__()
+        import dgl.nn as dglnn
+
+        self.arch, self.num_layers = arch, num_layers
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [num_classes]
+        self.dims = dims
+        self.layers = nn.ModuleList()
+        for i in range(num_layers):
+            if arch == "sage":
+                self.layers.append(dglnn.SAGEConv(dims[i], dims[i + 1], aggregator))
+            elif arch == "gcn":
+                self.layers.append(dglnn.GraphConv(dims[i], dims[i + 1], norm="both", allow_zero_in_degree=True))
+            else:
+                self.layers.append(nn.Linear(dims[i], dims[i + 1]))
+        self.norms = nn.ModuleList(_norm(norm, hidden) for _ in range(num_layers - 1))
+        self.dropout = nn.Dropout(dropout)
+
+    def layer_forward(self, i: int, block, h: torch.Tensor) -> torch.Tensor:
+        """Layer i on one block: h holds the block's source rows, the result its destination rows."""
+        if self.arch == "mlp":
+            # A features-only baseline: the block only says which rows are destinations.
+            h = self.layers[i](h[: block.num_dst_nodes()])
+        else:
+            h = self.layers[i](block, h)
+        if i < self.num_layers - 1:
+            h = self.dropout(torch.relu(self.norms[i](h)))
+        return h
+
+    def forward(self, blocks, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for i, block in enumerate(blocks):
+            h = self.layer_forward(i, block, h)
+        return h
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm1d(dim)
+    if kind == "layer":
+        return nn.LayerNorm(dim)
+    return nn.Identity()
+
+
+def check_model_cfg(cfg) -> None:
+    if cfg.arch not in ARCHS:
+        raise ConfigError(f"model.arch={cfg.arch!r} is not known", f"choose one of {', '.join(ARCHS)}")
+    if cfg.aggregator not in AGGREGATORS:
+        raise ConfigError(f"model.aggregator={cfg.aggregator!r} is not known", f"choose one of {', '.join(AGGREGATORS)}")
+    norm = cfg.norm or "none"
+    if norm not in NORMS:
+        raise ConfigError(f"model.norm={cfg.norm!r} is not known", f"choose one of {', '.join(NORMS)}")
+    if cfg.num_layers < 1:
+        raise ConfigError(f"model.num_layers={cfg.num_layers} must be at least 1", "use e.g. model.num_layers=2")
+    if cfg.hidden < 1:
+        raise ConfigError(f"model.hidden={cfg.hidden} must be positive", "use e.g. model.hidden=256")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.dropout} must be in [0, 1)", "use e.g. model.dropout=0.5")
+
+
+def build_model(cfg, in_dim: int, num_classes: int) -> GNN:
+    """Factory: the `model` config node (arch, hidden, num_layers, aggregator, dropout, norm) -> GNN."""
+    check_model_cfg(cfg)
+    return GNN(cfg.arch, int(in_dim), int(cfg.hidden), int(num_classes), int(cfg.num_layers), cfg.aggregator, float(cfg.dropout), cfg.norm or "none")
+
+
+def model_signature(cfg, in_dim: int, num_classes: int) -> dict:
+    """What a checkpoint's weights depend on; a checkpoint from another signature is refused."""
+    return {
+        "arch": str(cfg.arch),
+        "hidden": int(cfg.hidden),
+        "num_layers": int(cfg.num_layers),
+        "aggregator": str(cfg.aggregator),
+        "norm": str(cfg.norm or "none"),
+        "in_dim": int(in_dim),
+        "num_classes": int(num_classes),
+    }
+
+
+def signature_hash(signature: dict) -> str:
+    return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:16]
