@@ -192,8 +192,8 @@ class ShardWriter:
                 "dst": torch.from_numpy(dst),
             }
             path = self.staging / shard_file_name(i)
-            with atomic_path(path) as tmp:
-                torch.save(tensors, tmp)
+            with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+                torch.save(tensors, fh)  # a file object keeps the temp name out of the archive: same graph, same bytes
             del tensors
             shards.append({"file": path.name, "node_start": lo, "node_end": hi, "num_edges": int(len(src)), "sha256": sha256_file(path)})
             total_edges += len(src)
