@@ -64,9 +64,10 @@ class EdgelistDataConfig(DataConfig):
     features: Optional[str] = None  # .npy [N, F]
     labels: Optional[str] = None  # .npy [N], -1 = unlabelled
     split: Optional[str] = None  # .npy [N] of 0 train / 1 val / 2 test / -1 none
-    num_nodes: int = 0  # 0 = infer (max endpoint + 1, or the feature rows)
+    num_nodes: int = 0  # 0 = the label file's length; if set, it must agree with it
     delimiter: str = "auto"  # auto | , | tab | space
     feat_dim: int = 16  # used only when no feature file is given (random features)
+    feat_seed: int = 0  # seeds those random features
 
 
 @dataclass
@@ -97,6 +98,27 @@ class ModelConfig:
 
 
 MODEL_SCHEMAS = {"sage": ModelConfig, "gcn": ModelConfig, "mlp": ModelConfig}
+
+
+# ---------------------------------------------------------------- samplers (group `sampler`)
+@dataclass
+class SamplerConfig:
+    kind: str = "neighbor"  # neighbor (more formations come with their own options)
+    # Neighbours sampled per layer, input layer first (DGL's order); -1 = all neighbours.
+    fanouts: List[int] = field(default_factory=lambda: [25, 10])
+    replace: bool = False  # sample with replacement
+
+
+SAMPLER_SCHEMAS = {"neighbor": SamplerConfig}
+
+
+# ---------------------------------------------------------------- precision (group `precision`)
+@dataclass
+class PrecisionConfig:
+    dtype: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds loss scaling)
+
+
+PRECISION_SCHEMAS = {"fp32": PrecisionConfig, "bf16": PrecisionConfig, "fp16": PrecisionConfig}
 
 
 # ---------------------------------------------------------------- stages
@@ -131,6 +153,71 @@ class BuildCscStageConfig(StageBase):
 
 
 @dataclass
+class InferOptions:
+    mode: str = "layerwise"  # layerwise (every node, exact) | sampled (a subset, fast); CLI --layerwise / --sampled
+    batch_size: int = 16384  # destination nodes per batch
+    layer: Optional[int] = None  # which layer's output is embeddings.npy (1..L); default the last hidden layer
+    memory_budget_gb: float = 4.0  # two layers' rows (input + output) must fit, else layers stream from disk
+    storage: str = "auto"  # auto (decided by memory_budget_gb) | memory | disk
+    cache_layers: bool = True  # keep every layer's output in run_dir/layers/ so --update can reuse it
+    probabilities: bool = False  # also write probabilities.npy (softmax of the logits)
+    split: str = "test"  # the split whose accuracy summary.json reports
+    fanouts: List[int] = field(default_factory=list)  # --sampled: per layer (first = input layer); -1 = all; empty = 10 each
+    nodes: str = "test"  # --sampled: a split name (train | val | test | all) or a .npy of node ids
+    update: Optional[str] = None  # --update changes.npz: incremental re-inference from a previous run
+    base: Optional[str] = None  # --update: the infer run_dir to update; default the newest cached layer-wise run
+    write_graph: Optional[str] = None  # --update: also write the updated graph as a graph_dir here
+    device: str = "cpu"
+    num_threads: int = 0  # torch threads; 0 = torch's default
+
+
+@dataclass
+class InferStageConfig(StageBase):
+    ckpt: Optional[str] = None  # checkpoint file or train run_dir; default the newest run under runs/train
+    graph_dir: Optional[str] = None  # default: the graph the checkpoint was trained on
+    data: Any = None
+    infer: InferOptions = field(default_factory=InferOptions)
+
+
+@dataclass
+class TrainOptions:
+    batch_size: int = 1024  # seed (output) nodes per mini-batch
+    epochs: int = 20
+    lr: float = 0.003
+    weight_decay: float = 0.0
+    optimizer: str = "adam"  # adam | adamw
+    warmup_epochs: float = 0.0  # linear LR warmup, then `schedule`
+    schedule: str = "cosine"  # none | cosine | step
+    min_lr_ratio: float = 0.0  # cosine: the final LR as a fraction of lr
+    step_epochs: int = 10  # step: decay every this many epochs ...
+    step_gamma: float = 0.5  # ... by this factor
+    grad_clip: float = 1.0  # max global gradient norm, applied before optimizer.step(); 0 = off
+    class_weights: bool = False  # weight the loss by inverse train-label frequency
+    num_workers: int = 0  # DGL DataLoader sampling processes (0 = sample in this process)
+    prefetch: int = 2  # batches sampled + gathered ahead in a background thread; 0 = inline
+    num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use
+    eval_every: int = 1  # validate every this many epochs
+    eval_fanouts: Optional[List[int]] = None  # validation/test fanouts; default sampler.fanouts
+    eval_batch_size: int = 0  # 0 = 4 x batch_size
+    patience: int = 10  # stop after this many epochs without a better val metric; 0 = never
+    metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
+    resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)
+    feature_cache: str = "auto"  # auto | memory | mmap: hold features in RAM or gather from the shards
+    feature_cache_budget_mb: float = 2048.0  # auto: in memory when the feature matrix fits this
+    device: str = "auto"  # auto | cpu | cuda
+    log_every: int = 0  # also log every N steps to metrics.jsonl; 0 = per epoch only
+
+
+@dataclass
+class TrainStageConfig(StageBase):
+    resume: Optional[str] = None  # RUN_DIR: continue that run from its checkpoints/last.pt
+    model: Any = MISSING
+    sampler: Any = MISSING
+    precision: Any = MISSING
+    train: TrainOptions = field(default_factory=TrainOptions)
+
+
+@dataclass
 class PipelineStageConfig(StageBase):
     shard: ShardOptions = field(default_factory=ShardOptions)
     csc: CscOptions = field(default_factory=CscOptions)
@@ -150,10 +237,12 @@ STAGE_SCHEMAS = {
     "shard": ShardStageConfig,
     "build_csr": BuildCscStageConfig,
     "pipeline": PipelineStageConfig,
+    "train": TrainStageConfig,
+    "infer": InferStageConfig,
 }
 
 # group -> option -> schema; each configs/<group>/<option>.yaml lists `<option>_schema` first.
-GROUP_SCHEMAS = {"data": DATA_SCHEMAS, "model": MODEL_SCHEMAS}
+GROUP_SCHEMAS = {"data": DATA_SCHEMAS, "model": MODEL_SCHEMAS, "sampler": SAMPLER_SCHEMAS, "precision": PRECISION_SCHEMAS}
 
 _registered = False
 
