@@ -77,6 +77,38 @@ def build_csr_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     _run("build_csr", ctx.args, cfg)
 
 
+@app.command("infer", context_settings=_EXTRA)
+def infer_cmd(
+    ctx: typer.Context,
+    layerwise: bool = typer.Option(
+        True, "--layerwise/--sampled", help="Exact embeddings of every node, layer by layer (default), or sampled for a subset."
+    ),
+    update: str = typer.Option(None, "--update", metavar="CHANGES.npz", help="Reuse a layer-wise run's cached layers; recompute what the changes reach."),
+    cfg: bool = CFG_OPTION,
+) -> None:
+    """Checkpoint -> embeddings.npy, predictions.npy, emb_info.json (ckpt= a .pt file or a train run_dir).
+
+    [bold]Examples[/bold]
+
+      gnnscale infer                                   [dim]# newest train run under runs/train[/dim]
+
+      gnnscale infer ckpt=runs/train/20240101-120000 infer.memory_budget_gb=1
+
+      gnnscale infer --sampled infer.fanouts=[10,10] infer.nodes=test
+
+      gnnscale infer --update changes.npz              [dim]# newest cached layer-wise run[/dim]
+    """
+    overrides = [f"infer.mode={'layerwise' if layerwise else 'sampled'}"]
+    if update:
+        overrides.append(f"infer.changes={_quote(update)}")
+    _run("infer", overrides + list(ctx.args), cfg)
+
+
+def _quote(value: str) -> str:
+    """A Hydra override value that keeps a path's characters literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 @app.command("pipeline", context_settings=_EXTRA)
 def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     """Every stage in order (shard -> build-csr), skipping stages whose output is up to date.

@@ -164,7 +164,7 @@ class InferOptions:
     split: str = "test"  # the split whose accuracy summary.json reports
     fanouts: List[int] = field(default_factory=list)  # --sampled: per layer (first = input layer); -1 = all; empty = 10 each
     nodes: str = "test"  # --sampled: a split name (train | val | test | all) or a .npy of node ids
-    update: Optional[str] = None  # --update changes.npz: incremental re-inference from a previous run
+    changes: Optional[str] = None  # --update CHANGES.npz: incremental re-inference from a previous run
     base: Optional[str] = None  # --update: the infer run_dir to update; default the newest cached layer-wise run
     write_graph: Optional[str] = None  # --update: also write the updated graph as a graph_dir here
     device: str = "cpu"

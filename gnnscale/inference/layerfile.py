@@ -1,0 +1,121 @@
+"""One layer's rows for every node as a memory-mapped .npy, resident ('memory') or streamed ('disk').
+
+Both modes write the rows into a shared file mapping, so they are page cache, never anonymous heap:
+the kernel can write them back and drop them, and the file is the per-layer cache `--update` reuses.
+'memory' keeps the mapping populated (fast re-reads). 'disk' drops this process's pages after every
+batch (MADV_DONTNEED; dirty pages are handed to the page cache, not lost), so the resident set stays
+at one batch's rows whatever the graph size.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def plan_storage(num_nodes: int, dims: list[int], budget_gb: float, storage: str) -> tuple[str, str, int]:
+    """('memory' | 'disk', why, bytes) for layer arrays of widths dims[1:], input rows dims[0] included."""
+    # The largest pair of arrays one layer holds at once: its input rows and its output rows.
+    pair = max((dims[i] + dims[i + 1]) * 4 * num_nodes for i in range(len(dims) - 1))
+    need_gb = pair / 1e9
+    if storage in ("memory", "disk"):
+        return storage, f"infer.storage={storage} (one layer's input + output = {need_gb:.2f} GB)", pair
+    if need_gb <= budget_gb:
+        return (
+            "memory",
+            f"one layer's input + output = {num_nodes:,} x {pair // (4 * num_nodes)} x 4 B = {need_gb:.2f} GB fits infer.memory_budget_gb={budget_gb:g}",
+            pair,
+        )
+    return (
+        "disk",
+        f"one layer's input + output = {num_nodes:,} x {pair // (4 * num_nodes)} x 4 B = {need_gb:.2f} GB exceeds infer.memory_budget_gb={budget_gb:g}",
+        pair,
+    )
+
+
+def _header_len(path: Path) -> tuple[int, tuple, np.dtype]:
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read = (
+            np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(fh)
+        if fortran:
+            raise ValueError(f"{path} is Fortran-ordered")
+        return fh.tell(), shape, dtype
+
+
+class LayerFile:
+    """A [rows, dim] float32 .npy opened through our own mmap, so pages can be dropped on demand."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        shape: tuple[int, int] | None = None,
+        mode: str = "memory",
+        writable: bool = True,
+        dtype=np.float32,
+    ):
+        self.path = Path(path)
+        self.mode = mode
+        if shape is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # open_memmap writes the .npy header and sizes the (sparse) file; we map it ourselves below.
+            del_me = np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=tuple(shape))
+            del del_me
+        offset, shape, dtype = _header_len(self.path)
+        self.shape = tuple(shape)
+        self._fh = open(self.path, "r+b" if writable else "rb")
+        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        self.array = np.ndarray(self.shape, dtype=dtype, buffer=self._mm, offset=offset)
+        if not writable:
+            self.array.flags.writeable = False
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only mapping: we never write through it
+            self.tensor = torch.from_numpy(self.array)
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(self.tensor, 0, ids)
+
+    def write(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Rows for sorted ids: one slice copy for a contiguous run, else a scatter."""
+        if len(ids) == 0:
+            return
+        lo, hi = int(ids[0]), int(ids[-1]) + 1
+        if hi - lo == len(ids):
+            self.tensor[lo:hi] = rows
+        else:
+            self.tensor.index_copy_(0, torch.from_numpy(np.asarray(ids, dtype=np.int64)), rows)
+
+    def release(self) -> None:
+        """'disk' mode: drop this process's mapped pages (the data stays in the file / page cache)."""
+        if self.mode == "disk":
+            self._mm.madvise(mmap.MADV_DONTNEED)
+
+    def flush(self) -> None:
+        if self._mm.closed:
+            return
+        try:
+            self._mm.flush()
+        except (ValueError, TypeError):
+            pass  # a read-only mapping has nothing to flush
+
+    def close(self) -> None:
+        self.flush()
+        self.tensor = None
+        self.array = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping closes when it goes
+        self._fh.close()
+
+    def fsync(self) -> None:
+        self.flush()
+        os.fsync(self._fh.fileno())

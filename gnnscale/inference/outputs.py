@@ -1,0 +1,79 @@
+"""What an infer run publishes: embeddings.npy, predictions.npy, probabilities.npy, emb_info.json, metrics."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.utils.atomic import atomic_path, fsync_dir
+
+_CHUNK = 1 << 16
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def publish(partial: Path, final: Path) -> None:
+    """fsync + rename: a half-written layer file is never mistaken for a finished one."""
+    fsync_file(partial)
+    os.replace(partial, final)
+
+
+def link_or_copy(src: Path, dst: Path) -> str:
+    """embeddings.npy is one of the layer files: a hard link costs no space or time where allowed."""
+    if dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError:
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+        return "copy"
+
+
+def write_predictions(logits: np.ndarray, run_dir: Path, probabilities: bool) -> dict:
+    """predictions.npy (int64 class ids) and optionally probabilities.npy (softmax), streamed by chunk."""
+    n, c = logits.shape
+    files = {"predictions": "predictions.npy"}
+    with atomic_path(run_dir / "predictions.npy") as tmp:
+        pred = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(n,))
+        for lo in range(0, n, _CHUNK):
+            pred[lo : lo + _CHUNK] = np.argmax(logits[lo : lo + _CHUNK], axis=1)
+        pred.flush()
+        del pred
+    if probabilities:
+        with atomic_path(run_dir / "probabilities.npy") as tmp:
+            prob = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, c))
+            for lo in range(0, n, _CHUNK):
+                prob[lo : lo + _CHUNK] = torch.softmax(
+                    torch.from_numpy(np.asarray(logits[lo : lo + _CHUNK], dtype=np.float32)), dim=1
+                ).numpy()
+            prob.flush()
+            del prob
+        files["probabilities"] = "probabilities.npy"
+    fsync_dir(run_dir)
+    return files
+
+
+def accuracy(
+    pred: np.ndarray, graph: GraphDir, split: str, node_ids: np.ndarray | None = None
+) -> dict | None:
+    """Accuracy over the split's labelled nodes (node_ids: the rows of `pred`, default every node)."""
+    if split not in ("train", "val", "test", "all"):
+        return None
+    labels = graph.labels().numpy()
+    member = np.ones(graph.num_nodes, dtype=bool) if split == "all" else graph.mask(split).numpy()
+    ids = np.arange(graph.num_nodes) if node_ids is None else node_ids
+    keep = member[ids] & (labels[ids] >= 0)
+    if not keep.any():
+        return None
+    correct = np.asarray(pred)[keep] == labels[ids[keep]]
+    return {"split": split, "accuracy": round(float(correct.mean()), 6), "labelled_nodes": int(keep.sum())}

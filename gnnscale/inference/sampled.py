@@ -1,0 +1,97 @@
+"""Sampled mini-batch inference for a subset of nodes: fast for a few nodes, approximate (fanouts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gnnscale.errors import ConfigError, DataError
+from gnnscale.storage.graph_dir import GraphDir
+
+SPLITS = ("train", "val", "test")
+
+
+def resolve_nodes(spec: str, graph: GraphDir) -> tuple[np.ndarray, str]:
+    """infer.nodes: a split name, 'all', or a .npy of node ids -> (ids, description)."""
+    n = graph.num_nodes
+    if spec in SPLITS:
+        return graph.split_ids(spec).numpy().astype(np.int64), f"the {spec} split"
+    if spec == "all":
+        return np.arange(n, dtype=np.int64), "all nodes"
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(
+            f"infer.nodes={spec!r} is neither a split nor a file",
+            "use infer.nodes=train|val|test|all or infer.nodes=FILE.npy",
+        )
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(
+            f"cannot read {path}: {str(exc).splitlines()[0]}", "infer.nodes must be a .npy of node ids"
+        ) from None
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise DataError(
+            f"{path} holds {ids.dtype} {ids.shape}, expected a 1-D integer array",
+            "save node ids with numpy.save(path, ids.astype('int64'))",
+        )
+    if len(ids) == 0:
+        raise DataError(f"{path} lists no node", "give at least one node id")
+    if ids.min() < 0 or ids.max() >= n:
+        bad = int(ids.min() if ids.min() < 0 else ids.max())
+        raise DataError(f"{path} holds node id {bad} outside [0, {n})", "node ids are those of the graph_dir")
+    return ids.astype(np.int64), f"{len(ids):,} nodes from {path}"
+
+
+def resolve_fanouts(fanouts, num_layers: int) -> list[int]:
+    fanouts = [int(f) for f in (fanouts or [10] * num_layers)]
+    if len(fanouts) != num_layers:
+        raise ConfigError(
+            f"infer.fanouts has {len(fanouts)} entries but the model has {num_layers} layers",
+            f"give one per layer, e.g. infer.fanouts=[{','.join(['10'] * num_layers)}]",
+        )
+    if any(f == 0 or f < -1 for f in fanouts):
+        raise ConfigError(
+            f"infer.fanouts={fanouts} must be positive or -1 (all neighbours)", "e.g. infer.fanouts=[10,10]"
+        )
+    return fanouts
+
+
+def sampled_infer(
+    model,
+    g,
+    features,
+    nodes: np.ndarray,
+    fanouts: list[int],
+    emb_layer: int,
+    batch_size: int,
+    seed: int,
+    device=torch.device("cpu"),
+    progress=None,
+):
+    """(embeddings [len(nodes), d], logits [len(nodes), C]) with rows in the order of `nodes`."""
+    import dgl
+
+    sampler = dgl.dataloading.NeighborSampler(fanouts)
+    dgl.seed(seed)
+    torch.manual_seed(seed)
+    # Sample each distinct node once (in id order, so gathers read forward) and map rows back to `nodes`.
+    uniq, inv = np.unique(nodes, return_inverse=True)
+    emb = np.empty((len(uniq), model.dims[emb_layer]), dtype=np.float32)
+    logits = np.empty((len(uniq), model.dims[-1]), dtype=np.float32)
+    with torch.no_grad():
+        for lo in range(0, len(uniq), batch_size):
+            seeds = torch.from_numpy(uniq[lo : lo + batch_size])
+            input_nodes, _, blocks = sampler.sample_blocks(g, seeds)
+            h = features.gather(input_nodes).to(torch.float32).to(device)
+            for layer, block in enumerate(blocks):
+                h = model.layer_forward(layer, block.to(device), h)
+                if layer + 1 == emb_layer:
+                    # A block's destinations start with the seeds (DGL's to_block order), at every layer.
+                    emb[lo : lo + len(seeds)] = h[: len(seeds)].cpu().numpy()
+            logits[lo : lo + len(seeds)] = h.cpu().numpy()
+            if progress is not None:
+                progress(min(lo + batch_size, len(uniq)), len(uniq))
+    return emb[inv], logits[inv]
