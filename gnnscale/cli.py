@@ -77,13 +77,37 @@ def build_csr_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     _run("build_csr", ctx.args, cfg)
 
 
+@app.command("train", context_settings=_EXTRA)
+def train_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """graph_dir -> trained GNN run_dir: mini-batch neighbour sampling, checkpoints, resume.
+
+    [bold]Examples[/bold]
+
+      gnnscale train +exp=sage_2hop graph_dir=graphs/cora
+
+      gnnscale train model=gcn sampler.fanouts=[10,10] train.epochs=50 precision=bf16
+
+      gnnscale train +exp=sage_2hop train.metric=roc_auc graph_dir=graphs/tolokers
+
+      gnnscale train resume=runs/train/20260101-120000   [dim]# continue a killed run from last.pt[/dim]
+    """
+    _run("train", ctx.args, cfg)
+
+
 @app.command("infer", context_settings=_EXTRA)
 def infer_cmd(
     ctx: typer.Context,
     layerwise: bool = typer.Option(
-        True, "--layerwise/--sampled", help="Exact embeddings of every node, layer by layer (default), or sampled for a subset."
+        True,
+        "--layerwise/--sampled",
+        help="Exact embeddings of every node, layer by layer (default), or sampled for a subset.",
     ),
-    update: str = typer.Option(None, "--update", metavar="CHANGES.npz", help="Reuse a layer-wise run's cached layers; recompute what the changes reach."),
+    update: str = typer.Option(
+        None,
+        "--update",
+        metavar="CHANGES.npz",
+        help="Reuse a layer-wise run's cached layers; recompute what the changes reach.",
+    ),
     cfg: bool = CFG_OPTION,
 ) -> None:
     """Checkpoint -> embeddings.npy, predictions.npy, emb_info.json (ckpt= a .pt file or a train run_dir).

@@ -29,7 +29,15 @@ def ckpt(graph, tmp_path_factory):
 
 @pytest.mark.parametrize("storage", ["memory", "disk"])
 def test_layerwise_equals_full_graph_forward(tmp_path, graph, ckpt, storage):
-    s = infer(tmp_path, "run", f"ckpt={ckpt}", f"infer.storage={storage}", "infer.batch_size=97", "infer.probabilities=true")
+    s = infer(
+        tmp_path,
+        "run",
+        f"ckpt={ckpt}",
+        f"infer.storage={storage}",
+        "infer.batch_size=97",
+        "infer.probabilities=true",
+    )
+    assert s["files"]["probabilities"] == "probabilities.npy" and s["embeddings"] == {"shape": [600, 16], "layer": 1}
     ref = reference_layers(ckpt, graph)
     run = tmp_path / "run"
     emb = np.load(run / "embeddings.npy")
@@ -58,15 +66,25 @@ def test_layerwise_equals_full_graph_forward(tmp_path, graph, ckpt, storage):
 
 @pytest.mark.parametrize(
     "arch, aggregator, norm, layers",
-    [("gcn", "mean", "layer", 3), ("sage", "pool", "none", 3), ("sage", "gcn", "batch", 2), ("mlp", "mean", "batch", 2), ("sage", "mean", "none", 1)],
+    [
+        ("gcn", "mean", "layer", 3),
+        ("sage", "pool", "none", 3),
+        ("sage", "gcn", "batch", 2),
+        ("mlp", "mean", "batch", 2),
+        ("sage", "mean", "none", 1),
+    ],
 )
 def test_every_arch_matches_full_graph(tmp_path, graph, arch, aggregator, norm, layers):
     # GCN normalises by source out-degree, which a batch's block does not see: the stage corrects it.
-    ckpt = make_ckpt(tmp_path / "train", graph, arch=arch, aggregator=aggregator, norm=norm, num_layers=layers, steps=3)
+    ckpt = make_ckpt(
+        tmp_path / "train", graph, arch=arch, aggregator=aggregator, norm=norm, num_layers=layers, steps=3
+    )
     infer(tmp_path, "run", f"ckpt={ckpt}", "infer.batch_size=64")
     ref = reference_layers(ckpt, graph)
     for i, r in enumerate(ref):
-        assert np.abs(np.load(tmp_path / "run" / "layers" / f"h_{i + 1}.npy") - r).max() < 1e-4, f"layer {i + 1}"
+        assert np.abs(np.load(tmp_path / "run" / "layers" / f"h_{i + 1}.npy") - r).max() < 1e-4, (
+            f"layer {i + 1}"
+        )
     emb = np.load(tmp_path / "run" / "embeddings.npy")
     assert np.array_equal(emb, np.load(tmp_path / "run" / "layers" / f"h_{max(layers - 1, 1)}.npy"))
 
@@ -97,7 +115,9 @@ def test_memory_budget_decides_storage(tmp_path, graph, ckpt):
     assert s["storage"]["layers"] == "disk" and "exceeds infer.memory_budget_gb=1e-05" in s["storage"]["why"]
     s2 = infer(tmp_path, "big", f"ckpt={ckpt}")
     assert s2["storage"]["layers"] == "memory" and "fits" in s2["storage"]["why"]
-    assert np.array_equal(np.load(tmp_path / "small" / "embeddings.npy"), np.load(tmp_path / "big" / "embeddings.npy"))
+    assert np.array_equal(
+        np.load(tmp_path / "small" / "embeddings.npy"), np.load(tmp_path / "big" / "embeddings.npy")
+    )
 
 
 def test_ckpt_resolution_run_dir_and_newest(tmp_path, graph, ckpt, monkeypatch):
@@ -115,7 +135,14 @@ def test_sampled_full_fanout_equals_layerwise(tmp_path, graph, ckpt):
     infer(tmp_path, "lw", f"ckpt={ckpt}")
     ids = np.array([5, 3, 599, 3, 0], dtype=np.int64)  # any order, repeats allowed: rows follow node_ids
     np.save(tmp_path / "ids.npy", ids)
-    s = infer(tmp_path, "sp", f"ckpt={ckpt}", "infer.mode=sampled", "infer.fanouts=[-1,-1]", f"infer.nodes={tmp_path / 'ids.npy'}")
+    s = infer(
+        tmp_path,
+        "sp",
+        f"ckpt={ckpt}",
+        "infer.mode=sampled",
+        "infer.fanouts=[-1,-1]",
+        f"infer.nodes={tmp_path / 'ids.npy'}",
+    )
     assert s["num_nodes"] == 5
     emb = np.load(tmp_path / "sp" / "embeddings.npy")
     assert np.array_equal(np.load(tmp_path / "sp" / "node_ids.npy"), ids)
@@ -124,7 +151,9 @@ def test_sampled_full_fanout_equals_layerwise(tmp_path, graph, ckpt):
     a = infer(tmp_path, "s1", f"ckpt={ckpt}", "infer.mode=sampled", "infer.fanouts=[2,2]")
     infer(tmp_path, "s2", f"ckpt={ckpt}", "infer.mode=sampled", "infer.fanouts=[2,2]")
     assert a["metric"]["split"] == "test" and a["num_nodes"] == a["metric"]["labelled_nodes"]
-    assert np.array_equal(np.load(tmp_path / "s1" / "embeddings.npy"), np.load(tmp_path / "s2" / "embeddings.npy"))
+    assert np.array_equal(
+        np.load(tmp_path / "s1" / "embeddings.npy"), np.load(tmp_path / "s2" / "embeddings.npy")
+    )
     with pytest.raises(ConfigError, match="infer.fanouts has 1 entries but the model has 2 layers"):
         infer(tmp_path, "bad", f"ckpt={ckpt}", "infer.mode=sampled", "infer.fanouts=[5]")
     np.save(tmp_path / "bad.npy", np.array([0, 600]))
@@ -150,7 +179,10 @@ def test_cli_bad_ckpts_exit_2(tmp_path, graph, ckpt):
     cases = [
         ([f"ckpt={tmp_path / 'nope.pt'}"], "does not exist"),
         ([f"ckpt={tmp_path}"], "holds no checkpoints/best.pt or checkpoints/last.pt"),
-        (["--sampled", "--update", str(tmp_path / "c.npz"), f"ckpt={ckpt}"], "cannot be combined with --sampled"),
+        (
+            ["--sampled", "--update", str(tmp_path / "c.npz"), f"ckpt={ckpt}"],
+            "cannot be combined with --sampled",
+        ),
     ]
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     cases.append(([f"ckpt={tmp_path / 'junk.pt'}"], "cannot read checkpoint"))

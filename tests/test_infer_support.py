@@ -34,7 +34,11 @@ def make_ckpt(
     graph = GraphDir(graph_dir)
     feat_dim, num_classes = int(graph.meta["feat_dim"]), int(graph.meta["num_classes"])
     in_dim = feat_dim if in_dim is None else in_dim
-    cfg = OmegaConf.create(dict(arch=arch, hidden=hidden, num_layers=num_layers, aggregator=aggregator, dropout=dropout, norm=norm))
+    cfg = OmegaConf.create(
+        dict(
+            arch=arch, hidden=hidden, num_layers=num_layers, aggregator=aggregator, dropout=dropout, norm=norm
+        )
+    )
     torch.manual_seed(seed)
     model = build_model(cfg, in_dim, num_classes)
     if steps and in_dim == feat_dim:
@@ -54,7 +58,13 @@ def make_ckpt(
         "signature": sig,
         "signature_hash": signature_hash(sig),
         "model_cfg": OmegaConf.to_container(cfg),
-        "graph": {"name": graph.meta["name"], "num_nodes": graph.num_nodes, "feat_dim": in_dim, "num_classes": num_classes, "graph_dir": str(graph_dir)},
+        "graph": {
+            "name": graph.meta["name"],
+            "num_nodes": graph.num_nodes,
+            "feat_dim": in_dim,
+            "num_classes": num_classes,
+            "graph_dir": str(graph_dir),
+        },
         "epoch": steps,
         "optimizer": {},
     }

@@ -40,7 +40,7 @@ class SyntheticDataConfig(DataConfig):
     num_classes: int = 8
     homophily: float = 0.75  # probability an edge stays inside its community (= class)
     power_law_exponent: float = 2.5  # degree propensity ~ Pareto; smaller = heavier tail
-    feature_signal: float = 0.4  # class-mean scale relative to unit Gaussian noise
+    feature_signal: float = 0.3  # class-mean scale vs unit Gaussian noise (0.3: features alone ~0.79 acc, SAGE ~0.99)
     seed: int = 0
     use_source_split: bool = False
 
@@ -154,18 +154,19 @@ class BuildCscStageConfig(StageBase):
 
 @dataclass
 class InferOptions:
-    mode: str = "layerwise"  # layerwise (every node, exact) | sampled (a subset, fast); CLI --layerwise / --sampled
+    mode: str = "layerwise"  # layerwise (all nodes, exact) | sampled (a subset); --layerwise / --sampled
     batch_size: int = 16384  # destination nodes per batch
-    layer: Optional[int] = None  # which layer's output is embeddings.npy (1..L); default the last hidden layer
+    layer: Optional[int] = None  # the layer whose output is embeddings.npy (1..L); default: last hidden
     memory_budget_gb: float = 4.0  # two layers' rows (input + output) must fit, else layers stream from disk
     storage: str = "auto"  # auto (decided by memory_budget_gb) | memory | disk
     cache_layers: bool = True  # keep every layer's output in run_dir/layers/ so --update can reuse it
     probabilities: bool = False  # also write probabilities.npy (softmax of the logits)
     split: str = "test"  # the split whose accuracy summary.json reports
-    fanouts: List[int] = field(default_factory=list)  # --sampled: per layer (first = input layer); -1 = all; empty = 10 each
+    # --sampled: one fanout per layer (first = input layer), -1 = all neighbours; empty = 10 each
+    fanouts: List[int] = field(default_factory=list)
     nodes: str = "test"  # --sampled: a split name (train | val | test | all) or a .npy of node ids
     changes: Optional[str] = None  # --update CHANGES.npz: incremental re-inference from a previous run
-    base: Optional[str] = None  # --update: the infer run_dir to update; default the newest cached layer-wise run
+    base: Optional[str] = None  # --update: the infer run_dir to update; default: newest cached layer-wise
     write_graph: Optional[str] = None  # --update: also write the updated graph as a graph_dir here
     device: str = "cpu"
     num_threads: int = 0  # torch threads; 0 = torch's default
@@ -193,6 +194,7 @@ class TrainOptions:
     step_gamma: float = 0.5  # ... by this factor
     grad_clip: float = 1.0  # max global gradient norm, applied before optimizer.step(); 0 = off
     class_weights: bool = False  # weight the loss by inverse train-label frequency
+    input_dropout: float = 0.0  # dropout on the input features while training (sparse bag-of-words graphs like it)
     num_workers: int = 0  # DGL DataLoader sampling processes (0 = sample in this process)
     prefetch: int = 2  # batches sampled + gathered ahead in a background thread; 0 = inline
     num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use

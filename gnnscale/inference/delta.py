@@ -274,6 +274,14 @@ class PatchedFeatures:
         self.nodes = torch.from_numpy(delta.feat_nodes)
         self.rows = torch.from_numpy(delta.feat_rows)
 
+    def copy_into(self, out: torch.Tensor) -> None:
+        """Every node's (patched) feature row into out[N, F]."""
+        from gnnscale.inference.layerwise import copy_shard_features
+
+        copy_shard_features(self.base.graph, out)
+        if len(self.nodes):
+            out[self.nodes] = self.rows
+
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         out = self.base.gather(ids)
         if len(self.nodes) and len(ids):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,17 @@ def _header_len(path: Path) -> tuple[int, tuple, np.dtype]:
         return fh.tell(), shape, dtype
 
 
+def _preallocate(path: Path) -> None:
+    """Reserve the file's blocks up front: first writes into a sparse file's mapping cost ~4x more (ext4)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError:
+        pass  # a filesystem without fallocate: the mapping still works, only slower to fill
+    finally:
+        os.close(fd)
+
+
 class LayerFile:
     """A [rows, dim] float32 .npy opened through our own mmap, so pages can be dropped on demand."""
 
@@ -67,6 +79,7 @@ class LayerFile:
             # open_memmap writes the .npy header and sizes the (sparse) file; we map it ourselves below.
             del_me = np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=tuple(shape))
             del del_me
+            _preallocate(self.path)
         offset, shape, dtype = _header_len(self.path)
         self.shape = tuple(shape)
         self._fh = open(self.path, "r+b" if writable else "rb")
@@ -98,16 +111,9 @@ class LayerFile:
         if self.mode == "disk":
             self._mm.madvise(mmap.MADV_DONTNEED)
 
-    def flush(self) -> None:
-        if self._mm.closed:
-            return
-        try:
-            self._mm.flush()
-        except (ValueError, TypeError):
-            pass  # a read-only mapping has nothing to flush
-
     def close(self) -> None:
-        self.flush()
+        """Unmap. No msync: a shared mapping's writes are already the file's page cache, visible to every
+        reader; durability is the publisher's fsync (one per finished file, outside the compute loop)."""
         self.tensor = None
         self.array = None
         try:
@@ -116,6 +122,25 @@ class LayerFile:
             pass  # a caller still holds a view; the mapping closes when it goes
         self._fh.close()
 
-    def fsync(self) -> None:
-        self.flush()
-        os.fsync(self._fh.fileno())
+
+def seed_unaffected_rows(
+    base: Path, out: Path, affected: np.ndarray, num_nodes: int, chunk: int = 1 << 16
+) -> None:
+    """A new layer file holding the base run's rows wherever `affected` (sorted ids) will not overwrite them.
+
+    Mostly unaffected: copy the whole file in the kernel (sendfile). Mostly affected: copy just the
+    unaffected rows, so an update that reaches nearly every node does not pay for a full copy first.
+    """
+    if len(affected) <= num_nodes // 2:
+        shutil.copyfile(base, out)
+        return
+    src = LayerFile(base, writable=False)
+    dst = LayerFile(out, shape=src.shape)
+    keep = np.ones(num_nodes, dtype=bool)
+    keep[affected] = False
+    rows = np.flatnonzero(keep)
+    for lo in range(0, len(rows), chunk):
+        ids = rows[lo : lo + chunk]
+        dst.write(ids, src.gather(torch.from_numpy(ids)))
+    src.close()
+    dst.close()

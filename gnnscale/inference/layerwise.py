@@ -15,8 +15,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from gnnscale.inference.blocks import Adjacency, make_block
+from gnnscale.inference.blocks import Adjacency, BlockBuilder, projects_sources, reads_sources_by_edge
 from gnnscale.inference.layerfile import LayerFile
+from gnnscale.storage.feature_store import FeatureStore
 
 
 class RowSource(Protocol):
@@ -30,6 +31,7 @@ class LayerStats:
     rows: int
     edges: int
     seconds: float
+    sources: str = "gathered"  # 'in place': the blocks read the input array directly
 
     def as_dict(self) -> dict:
         return {
@@ -38,6 +40,7 @@ class LayerStats:
             "rows_computed": self.rows,
             "edges": self.edges,
             "seconds": round(self.seconds, 3),
+            "sources": self.sources,
         }
 
 
@@ -56,19 +59,56 @@ def batches(rows: np.ndarray | None, num_nodes: int, batch_size: int):
             yield rows[lo : lo + batch_size]
 
 
-class _Released:
-    """Features have no pages of ours to drop; layer files do (in 'disk' mode)."""
+class _Input:
+    """A layer's input rows: a layer file (or the features, staged into one when read in place)."""
 
-    def __init__(self, src):
-        self.src = src
+    def __init__(self, src, tensor: torch.Tensor | None = None, owned: LayerFile | None = None):
+        self.src, self.tensor, self.owned = src, tensor, owned
 
-    def gather(self, ids):
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tensor is not None:
+            return torch.index_select(self.tensor, 0, ids)
         return self.src.gather(ids)
 
-    def release(self):
+    def dst_rows(self, dst: np.ndarray) -> torch.Tensor:
+        lo, hi = int(dst[0]), int(dst[-1]) + 1
+        return self.tensor[lo:hi] if hi - lo == len(dst) else self.gather(torch.from_numpy(dst))
+
+    def release(self) -> None:
         release = getattr(self.src, "release", None)
         if release is not None:
             release()
+
+    def close(self) -> None:
+        if self.owned is not None:
+            self.owned.close()
+            self.owned.path.unlink()
+
+
+def _staged_features(features, n: int, dim: int, path: Path, mode: str, chunk: int = 1 << 16) -> _Input:
+    """The features as one [N, F] float32 tensor to read in place: the store's own if it is one, else a copy."""
+    full = getattr(features, "_full", None)
+    if isinstance(full, torch.Tensor) and full.dtype == torch.float32 and full.shape == (n, dim):
+        return _Input(features, full)
+    staged = LayerFile(path, shape=(n, dim), mode=mode)
+    if hasattr(features, "copy_into"):
+        features.copy_into(staged.tensor)
+    elif isinstance(features, FeatureStore):
+        copy_shard_features(features.graph, staged.tensor)
+    else:
+        for lo in range(0, n, chunk):
+            ids = np.arange(lo, min(lo + chunk, n), dtype=np.int64)
+            staged.write(ids, features.gather(torch.from_numpy(ids)).to(torch.float32))
+            staged.release()
+    staged.release()
+    return _Input(staged, staged.tensor, owned=staged)
+
+
+def copy_shard_features(graph, out: torch.Tensor) -> None:
+    """Every shard's feature rows into out[N, F] (float32), one contiguous slice per shard."""
+    starts = graph.node_starts
+    for i in range(graph.num_shards):
+        out[int(starts[i]) : int(starts[i + 1])] = graph.shard(i)["feat"]
 
 
 def run_layers(
@@ -98,40 +138,69 @@ def run_layers(
     # is not its degree in the graph; rescaling each source row by sqrt(d_block / d_graph) makes the
     # block's normalisation equal the full graph's (GraphConv is linear in its input rows).
     out_deg = torch.from_numpy(adj.out_degrees()).clamp_(min=1).double() if model.arch == "gcn" else None
+    builder = BlockBuilder(n)
     stats: list[LayerStats] = []
     prev: LayerFile | None = None
     with torch.no_grad():
         for layer in range(num_layers):
             t0 = time.time()
-            inp = _Released(features if layer == 0 else prev)
+            todo = rows[layer]
+            # Reading the input array in place (no gather of ~U rows per batch) when the layer allows it;
+            # on an accelerator the rows have to move anyway, so gather just the needed ones there.
+            in_place = (
+                device.type == "cpu" and model.arch != "mlp" and reads_sources_by_edge(model.layers[layer])
+            )
+            if layer > 0:
+                inp = _Input(prev, prev.tensor)
+            elif in_place and (
+                todo is None or len(todo) >= n // 8
+            ):  # staging costs one pass over the features
+                inp = _staged_features(
+                    features, n, model.dims[0], Path(paths[0]).with_name("h_0.npy.partial"), mode
+                )
+            else:
+                inp, in_place = _Input(features), False
             dim = model.dims[layer + 1]
             out = LayerFile(paths[layer], shape=(n, dim) if create[layer] else None, mode=mode)
-            todo = rows[layer]
             total = n if todo is None else len(todo)
             done = edges = 0
-            for dst in batches(todo, n, batch_size):
+            step = batch_size
+            if in_place and projects_sources(model.layers[layer]):
+                # Read in place, this layer projects all N source rows once per batch (N x out, narrow),
+                # and its per-batch activations scale with out, not in: wider batches cost no more memory
+                # per destination and amortise the projection (1 batch = what a full-graph forward does).
+                step = batch_size * -(-model.dims[layer] // dim)
+            for dst in batches(todo, n, step):
                 if model.arch == "mlp":  # features only: the block just marks the destinations
                     ip, src = np.zeros(len(dst) + 1, dtype=np.int64), np.empty(0, dtype=np.int64)
                 else:
                     ip, src = adj.in_edges(dst)
-                block, src_ids = make_block(dst, ip, src)
-                x = inp.gather(src_ids).to(torch.float32)
-                if out_deg is not None:
-                    blk_deg = block.out_degrees().clamp(min=1).double()
-                    x = x * (blk_deg / out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
-                y = model.layer_forward(layer, block.to(device), x.to(device)).to("cpu", torch.float32)
-                out.write(dst, y)
+                if in_place:
+                    block = builder.global_(dst, ip, src)
+                    y = model.layer_forward(layer, block, (inp.tensor, inp.dst_rows(dst)))
+                else:
+                    block, src_ids = builder.compact(dst, ip, src)
+                    x = inp.gather(src_ids).to(torch.float32)
+                    if out_deg is not None:
+                        blk_deg = block.out_degrees().clamp(min=1).double()
+                        x = x * (blk_deg / out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
+                    y = model.layer_forward(layer, block.to(device), x.to(device))
+                out.write(dst, y.to("cpu", torch.float32))
                 inp.release()
                 out.release()
                 done += len(dst)
                 edges += len(src)
                 if progress is not None:
                     progress(layer, done, total)
-            out.flush()
+            inp.close()
             if prev is not None:
                 prev.close()
             prev = out
-            stats.append(LayerStats(layer + 1, dim, total, edges, time.time() - t0))
+            stats.append(
+                LayerStats(
+                    layer + 1, dim, total, edges, time.time() - t0, "in place" if in_place else "gathered"
+                )
+            )
     if prev is not None:
         prev.close()
     return stats

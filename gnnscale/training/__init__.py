@@ -1,0 +1,1 @@
+"""Training internals: data path, batch prefetching, loop, evaluation, checkpoints, schedules, precision."""

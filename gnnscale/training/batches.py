@@ -1,0 +1,159 @@
+"""Mini-batches with their input features; feature gathers run ahead in a background thread.
+
+Each batch is (input_nodes, seeds, blocks) from a DGL DataLoader plus x = features of
+input_nodes *in that order* (DGL lists each block's destination nodes first among its sources,
+so row i of x is blocks[0]'s source node i) and y = labels of the seeds.
+
+Determinism: DGL 2.1 reseeds (dgl.seed) only the calling thread's sampling RNG reliably, so
+sampling runs in the caller's thread with one OpenMP thread (its other OpenMP workers keep
+unseeded RNG streams), and the DataLoader is rebuilt each epoch (its shuffle permutes the
+previous epoch's order in place, which a resumed process would not have).
+
+Speed: rows are gathered with index_select into a ring of reused buffers (a fresh tensor per
+batch costs page faults that dominate the gather), in a thread, `prefetch` batches ahead, while
+the current batch computes (torch kernels release the GIL). The ring has prefetch + 2 slots:
+one in compute (autograd may read it until backward ends), up to prefetch + 1 being filled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from gnnscale.storage.feature_store import FeatureStore
+
+
+@dataclass
+class Batch:
+    input_nodes: torch.Tensor
+    seeds: torch.Tensor
+    blocks: list
+    x: torch.Tensor
+    y: torch.Tensor
+    sample_s: float
+    gather_s: float
+
+
+@contextlib.contextmanager
+def serial_sampling():
+    """One OpenMP thread while DGL samples (DGL and torch share it: restore torch's count after)."""
+    from dgl.utils import set_num_threads
+
+    n = torch.get_num_threads()
+    set_num_threads(1)
+    try:
+        yield
+    finally:
+        set_num_threads(n)
+
+
+def _single_threaded() -> None:
+    """The gather thread runs its copies on one OpenMP thread (a per-thread setting): a second
+    team of spinning OpenMP workers would steal the cores the model's matmuls are using."""
+    from dgl.utils import set_num_threads
+
+    # torch sets each new thread's OpenMP count on its first parallel op: let that happen first.
+    torch.index_select(torch.zeros(1 << 16, 4), 0, torch.zeros(1 << 16, dtype=torch.int64))
+    set_num_threads(1)
+
+
+class BatchStream:
+    def __init__(
+        self,
+        make_loader: Callable[[], object],
+        features: FeatureStore,
+        labels: torch.Tensor,
+        prefetch: int = 1,
+        device: torch.device | None = None,
+        num_batches: int | None = None,
+    ):
+        self.make_loader = make_loader
+        self.features = features
+        self.labels = labels
+        self.prefetch = max(0, int(prefetch))
+        self.device = device or torch.device("cpu")
+        self._pin = self.device.type == "cuda"
+        self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
+        self._next_slot = 0
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="gnnscale-gather", initializer=_single_threaded)
+            if self.prefetch
+            else None
+        )
+        self._len = num_batches
+
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = len(self.make_loader())
+        return self._len
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        k = self._next_slot
+        self._next_slot = (k + 1) % len(self._slots)
+        buf = self._slots[k]
+        if buf is None or buf.shape[0] < rows:
+            # Grow with headroom: input-node counts vary a little from batch to batch.
+            buf = torch.empty((int(rows * 1.25) + 16, self.features.feat_dim), dtype=self.features.dtype)
+            if self._pin:
+                buf = buf.pin_memory()
+            self._slots[k] = buf
+        return buf[:rows]
+
+    def _gather(self, input_nodes: torch.Tensor, seeds: torch.Tensor, out: torch.Tensor):
+        t0 = time.perf_counter()
+        x = self.features.gather(input_nodes, out=out)
+        if x.dtype != torch.float32:  # fp16/bf16-stored features: the model's weights are fp32
+            x = x.float()
+        return x, self.labels[seeds], time.perf_counter() - t0
+
+    def _to_device(self, b: Batch) -> Batch:
+        if self.device.type == "cpu":
+            return b
+        # Blocking copies: the pinned slot may be refilled as soon as this returns.
+        b.blocks = [blk.to(self.device) for blk in b.blocks]
+        b.x, b.y = b.x.to(self.device), b.y.to(self.device)
+        return b
+
+    def __iter__(self) -> Iterator[Batch]:
+        loader = self.make_loader()
+        with serial_sampling():
+            it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
+        pending: deque = deque()
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(pending) <= self.prefetch:
+                    t0 = time.perf_counter()
+                    with serial_sampling():
+                        item = next(it, None)
+                    sample_s = time.perf_counter() - t0
+                    if item is None:
+                        exhausted = True
+                        break
+                    input_nodes, seeds, blocks = item
+                    out = self._buffer(len(input_nodes))
+                    if self._pool is not None:
+                        job = self._pool.submit(self._gather, input_nodes, seeds, out)
+                    else:
+                        job = self._gather(input_nodes, seeds, out)
+                    pending.append((input_nodes, seeds, blocks, sample_s, job))
+                if not pending:
+                    return
+                input_nodes, seeds, blocks, sample_s, job = pending.popleft()
+                x, y, gather_s = job.result() if self._pool is not None else job
+                yield self._to_device(Batch(input_nodes, seeds, blocks, x, y, sample_s, gather_s))
+        finally:
+            for *_, job in pending:  # let in-flight gathers finish before their buffers are reused
+                if self._pool is not None:
+                    job.result()

@@ -1,0 +1,85 @@
+"""Static checks of a train config, before any data is read: a bad value exits 2 with one line."""
+
+from __future__ import annotations
+
+import torch
+
+from gnnscale.errors import ConfigError
+from gnnscale.models import check_model_cfg
+from gnnscale.sampling import check_fanouts, check_sampler_cfg
+from gnnscale.training.data import FEATURE_CACHES
+from gnnscale.training.metrics import check_metric
+from gnnscale.training.precision import DTYPES
+from gnnscale.training.schedule import OPTIMIZERS, SCHEDULES
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(ok: bool, key: str, value, rule: str, example: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value} {rule}", f"use e.g. {key}={example}")
+
+
+def check_train_cfg(cfg) -> None:
+    t = cfg.train
+    check_model_cfg(cfg.model)
+    check_sampler_cfg(cfg.sampler, int(cfg.model.num_layers))
+    if t.eval_fanouts is not None:
+        check_fanouts(t.eval_fanouts, int(cfg.model.num_layers), key="train.eval_fanouts")
+    _require(t.batch_size > 0, "train.batch_size", t.batch_size, "must be positive", 1024)
+    _require(
+        t.eval_batch_size >= 0,
+        "train.eval_batch_size",
+        t.eval_batch_size,
+        "must be >= 0 (0 = 4 x batch_size)",
+        4096,
+    )
+    _require(t.epochs >= 1, "train.epochs", t.epochs, "must be at least 1", 20)
+    _require(t.lr > 0, "train.lr", t.lr, "must be positive", 0.003)
+    _require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0", 0.0005)
+    _require(t.warmup_epochs >= 0, "train.warmup_epochs", t.warmup_epochs, "must be >= 0", 1)
+    _require(0 <= t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio, "must be in [0, 1]", 0.01)
+    _require(t.step_epochs >= 1, "train.step_epochs", t.step_epochs, "must be at least 1", 10)
+    _require(0 < t.step_gamma <= 1, "train.step_gamma", t.step_gamma, "must be in (0, 1]", 0.5)
+    _require(0 <= t.input_dropout < 1, "train.input_dropout", t.input_dropout, "must be in [0, 1)", 0.5)
+    _require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 = off)", 1.0)
+    _require(t.num_workers >= 0, "train.num_workers", t.num_workers, "must be >= 0", 0)
+    _require(t.prefetch >= 0, "train.prefetch", t.prefetch, "must be >= 0 (0 = no prefetching)", 1)
+    _require(t.num_threads >= 0, "train.num_threads", t.num_threads, "must be >= 0 (0 = every core)", 0)
+    _require(t.eval_every >= 1, "train.eval_every", t.eval_every, "must be at least 1", 1)
+    _require(t.patience >= 0, "train.patience", t.patience, "must be >= 0 (0 = no early stopping)", 10)
+    _require(
+        t.feature_cache_budget_mb >= 0,
+        "train.feature_cache_budget_mb",
+        t.feature_cache_budget_mb,
+        "must be >= 0",
+        2048,
+    )
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            f"train.optimizer={t.optimizer!r} is not known", f"choose one of {', '.join(OPTIMIZERS)}"
+        )
+    if t.schedule not in SCHEDULES:
+        raise ConfigError(
+            f"train.schedule={t.schedule!r} is not known", f"choose one of {', '.join(SCHEDULES)}"
+        )
+    if t.feature_cache not in FEATURE_CACHES:
+        raise ConfigError(
+            f"train.feature_cache={t.feature_cache!r} is not known",
+            f"choose one of {', '.join(FEATURE_CACHES)}",
+        )
+    check_metric(t.metric)
+    if cfg.precision.dtype not in DTYPES:
+        raise ConfigError(
+            f"precision.dtype={cfg.precision.dtype!r} is not known", f"choose precision={'|'.join(DTYPES)}"
+        )
+    if t.device not in DEVICES:
+        raise ConfigError(f"train.device={t.device!r} is not known", f"choose one of {', '.join(DEVICES)}")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device=cuda but no CUDA device is visible", "use train.device=cpu (or auto)")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
