@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install gnnscale (editable, dev extras); quick when done already
 
-demo: $(STAMP) ## Run the whole pipeline on the built-in synthetic graph
+demo: $(STAMP) ## Run the whole pipeline (shard, build-csr, train, infer) on the built-in synthetic graph
 	$(BIN)/gnnscale pipeline
 
 test: $(STAMP) ## Run the test suite (tiny graphs, CPU, a few minutes)
@@ -28,10 +28,19 @@ lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check gnnscale tests scripts
 	$(BIN)/ruff format --check gnnscale tests scripts
 
-bench: bench-storage ## Run the benchmarks (large: see scripts/bench_*.py)
+bench: bench-storage bench-accuracy bench-train bench-infer ## Run every benchmark (large: see scripts/bench_*.py)
 
 bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
 	$(BIN)/python scripts/bench_storage.py
+
+bench-accuracy: $(STAMP) ## +exp=sage_2hop on Cora, CiteSeer, tolokers (../shared/data); SAGE vs MLP
+	$(BIN)/python scripts/bench_accuracy.py
+
+bench-train: $(STAMP) ## Epoch time vs a plain DGL loop, 500k nodes / 10M edges
+	$(BIN)/python scripts/bench_train.py
+
+bench-infer: $(STAMP) ## Layer-wise vs naive full-graph inference, and --update, 500k nodes
+	$(BIN)/python scripts/bench_infer.py
 
 clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)
 	rm -rf graphs runs outputs bench/tmp

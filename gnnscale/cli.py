@@ -41,7 +41,10 @@ def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
         err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        err_console.print("error: interrupted; nothing half-written was published, re-run the same command to start again", markup=False)
+        err_console.print(
+            "error: interrupted; nothing half-written was published, re-run the same command to start again",
+            markup=False,
+        )
         raise typer.Exit(130) from None
 
 
@@ -135,15 +138,22 @@ def _quote(value: str) -> str:
 
 @app.command("pipeline", context_settings=_EXTRA)
 def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
-    """Every stage in order (shard -> build-csr), skipping stages whose output is up to date.
+    """shard -> build-csr -> train -> infer (layer-wise); reuses what is up to date, resumes a killed train.
+
+    The graph is reused when built from the same data config; a train or infer run of an earlier pipeline
+    (runs/pipeline/*) when it had the same stage config and graph. Each stage runs in run_dir/<stage>/.
 
     [bold]Examples[/bold]
 
-      gnnscale pipeline                                [dim]# what `make demo` runs[/dim]
+      gnnscale pipeline                                [dim]# what `make demo` runs: synthetic graph, SAGE[/dim]
+
+      gnnscale pipeline train.epochs=5 model.hidden=64 +exp=sage_2hop infer.batch_size=4096
 
       gnnscale pipeline data=planetoid data.path=../shared/data/planetoid_cora graph_dir=graphs/cora
 
-      gnnscale pipeline overwrite=true                 [dim]# rebuild everything[/dim]
+      gnnscale pipeline stages=\\[shard,build_csr]       [dim]# only build the graph[/dim]
+
+      gnnscale pipeline overwrite=true                 [dim]# rebuild, retrain and re-infer everything[/dim]
     """
     _run("pipeline", ctx.args, cfg)
 

@@ -197,3 +197,39 @@ def test_metrics_match_reference_values():
     assert compute_metric("roc_auc", logits, y, 2) == pytest.approx(0.75)  # sklearn: 0.75
     assert compute_metric("f1_macro", logits, y, 2) == pytest.approx((2 / 3 + 0.8) / 2)
     torch.testing.assert_close(class_weights(torch.tensor([0, 0, 0, 1]), 2), torch.tensor([2 / 3, 2.0]))
+
+
+def test_few_labels_profile_replaces_settings_but_not_the_users(tmp_path, graph):
+    """sage_2hop's few-labels profile applies on a graph with < 1,000 labelled train nodes (this one has 362),
+    is recorded in config.yaml and the checkpoint, keeps a value the user set, and can be turned off."""
+    import yaml
+
+    summary, run_dir = run_train(tmp_path, graph, "+exp=sage_2hop", *SHORT, name="profile")
+    applied = summary["few_labels_applied"]
+    assert applied["model.aggregator"] == "gcn" and applied["train.weight_decay"] == 0.005
+    assert "train.lr" not in applied  # SHORT sets train.lr=0.01 on the command line: the user's value wins
+    used = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (used["model"]["aggregator"], used["model"]["norm"], used["train"]["lr"]) == ("gcn", "none", 0.01)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["model_cfg"]["aggregator"] == "gcn"
+    assert summary["test_acc"] > 0.8
+
+    off, off_dir = run_train(
+        tmp_path, graph, "+exp=sage_2hop", *SHORT, "train.few_labels.below=0", "train.epochs=1", name="off"
+    )
+    assert off["few_labels_applied"] == {}
+    assert yaml.safe_load((off_dir / "config.yaml").read_text())["model"]["aggregator"] == "mean"
+    few, _ = run_train(
+        tmp_path, graph, "+exp=sage_2hop", *SHORT, "train.few_labels.below=362", "train.epochs=1", name="edge"
+    )
+    assert few["few_labels_applied"] == {}  # 362 labelled train nodes: "fewer than 362" does not hold
+    few, _ = run_train(
+        tmp_path,
+        graph,
+        "+exp=sage_2hop",
+        *SHORT,
+        "train.few_labels.below=363",
+        "train.epochs=1",
+        name="edge2",
+    )
+    assert few["few_labels_applied"]["model.aggregator"] == "gcn"

@@ -45,8 +45,17 @@ def compose_config(stage: str, overrides: Sequence[str] = ()) -> DictConfig:
     try:
         OmegaConf.resolve(cfg)
     except Exception as exc:
-        raise ConfigError(f"cannot resolve the config: {_first_line(exc)}", "check the ${...} interpolations") from None
+        raise ConfigError(
+            f"cannot resolve the config: {_first_line(exc)}", "check the ${...} interpolations"
+        ) from None
+    if "cli_overrides" in cfg:
+        cfg.cli_overrides = [o for o in overrides if "=" in o and not o.startswith("+exp=")]
     return cfg
+
+
+def overridden_keys(cfg) -> set[str]:
+    """The dotted keys the user set with key=value (or chose with group=option) when composing cfg."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in (cfg.get("cli_overrides") or [])}
 
 
 def _first_line(exc: BaseException) -> str:
@@ -84,10 +93,14 @@ def _translate(exc: BaseException, stage: str, overrides: list[str]) -> ConfigEr
         e = e.__cause__ or e.__context__
     text = "\n".join(chain)
 
-    m = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Could not append to config\. An item is already at '([^']+)'", text
+    )
     key = m.group(1) if m else None
     if key is None:
-        m = re.search(r"Key '([^']+)' not in '(\w+)'", text) or re.search(r"Key '([^']+)' is not in struct", text)
+        m = re.search(r"Key '([^']+)' not in '(\w+)'", text) or re.search(
+            r"Key '([^']+)' is not in struct", text
+        )
         if m:
             key = m.group(1)
     if "is not in struct" in text or "not in '" in text:
@@ -96,7 +109,11 @@ def _translate(exc: BaseException, stage: str, overrides: list[str]) -> ConfigEr
         parent = full.rsplit(".", 1)[0] if "." in full else ""
         valid = _valid_keys(stage, overrides, parent)
         where = f"under '{parent}'" if parent else "at the top level"
-        hint = f"valid keys {where}: {', '.join(valid)}" if valid else f"see `gnnscale {stage.replace('_', '-')} --cfg`"
+        hint = (
+            f"valid keys {where}: {', '.join(valid)}"
+            if valid
+            else f"see `gnnscale {stage.replace('_', '-')} --cfg`"
+        )
         return ConfigError(f"unknown config key '{full}'", hint)
     m = re.search(r"Value '([^']*)' (?:of type '[^']*' )?could not be converted to (\w+)", text) or re.search(
         r"Value '([^']*)' is not a valid (\w+)", text
@@ -104,19 +121,28 @@ def _translate(exc: BaseException, stage: str, overrides: list[str]) -> ConfigEr
     if m:
         m2 = re.search(r"full_key: ([\w.\[\]]+)", text)
         full = m2.group(1) if m2 else (key or "?")
-        return ConfigError(f"config key '{full}' expects {m.group(2).lower()}, got '{m.group(1)}'", "fix the value's type")
+        return ConfigError(
+            f"config key '{full}' expects {m.group(2).lower()}, got '{m.group(1)}'", "fix the value's type"
+        )
     m = re.search(r"Could not find '([^']+)'", text)
     if m:
         missing = m.group(1)
         group = missing.split("/")[0]
         options = list_options(group)
         if options:
-            return ConfigError(f"unknown option '{missing.replace('/', '=', 1)}'", f"choose one of {group}={'|'.join(options)}")
+            return ConfigError(
+                f"unknown option '{missing.replace('/', '=', 1)}'",
+                f"choose one of {group}={'|'.join(options)}",
+            )
         return ConfigError(f"unknown config '{missing}'", "check the group name and spelling")
     m = re.search(r"Missing mandatory value: ([\w.]+)", text)
     if m:
         return ConfigError(f"config key '{m.group(1)}' must be set", f"add {m.group(1)}=VALUE")
     if "mismatched input" in text or "no viable alternative" in text or "Error parsing override" in text:
         bad = next((o for o in overrides if o in text), " ".join(overrides))
-        return ConfigError(f"cannot parse override '{bad}'", "write overrides as key=value, group=option or +exp=NAME")
-    return ConfigError(f"invalid config: {_first_line(exc)}", f"see `gnnscale {stage.replace('_', '-')} --help`")
+        return ConfigError(
+            f"cannot parse override '{bad}'", "write overrides as key=value, group=option or +exp=NAME"
+        )
+    return ConfigError(
+        f"invalid config: {_first_line(exc)}", f"see `gnnscale {stage.replace('_', '-')} --help`"
+    )

@@ -140,6 +140,9 @@ class StageBase:
     run_dir: Optional[str] = None  # default: runs/<stage>/<timestamp>
     overwrite: bool = False
     data: Any = MISSING
+    # The key=value overrides this config was composed with (filled in by gnnscale, recorded in
+    # config.yaml): a setting the user chose is never replaced by a profile such as train.few_labels.
+    cli_overrides: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -181,6 +184,23 @@ class InferStageConfig(StageBase):
 
 
 @dataclass
+class FewLabelsOptions:
+    """Settings that replace the usual ones when the train split has few labelled nodes.
+
+    Semi-supervised benchmarks (Planetoid: 20 labels per class) overfit a model sized for millions of
+    labels within a few epochs; they want strong regularisation instead. Unset fields keep the usual value.
+    """
+
+    below: int = 0  # applies when the train split has fewer labelled nodes than this; 0 = never
+    aggregator: Optional[str] = None  # -> model.aggregator
+    norm: Optional[str] = None  # -> model.norm
+    dropout: Optional[float] = None  # -> model.dropout
+    input_dropout: Optional[float] = None  # -> train.input_dropout
+    lr: Optional[float] = None  # -> train.lr
+    weight_decay: Optional[float] = None  # -> train.weight_decay
+
+
+@dataclass
 class TrainOptions:
     batch_size: int = 1024  # seed (output) nodes per mini-batch
     epochs: int = 20
@@ -196,7 +216,10 @@ class TrainOptions:
     class_weights: bool = False  # weight the loss by inverse train-label frequency
     input_dropout: float = 0.0  # dropout on the input features while training (sparse bag-of-words graphs like it)
     num_workers: int = 0  # DGL DataLoader sampling processes (0 = sample in this process)
-    prefetch: int = 2  # batches sampled + gathered ahead in a background thread; 0 = inline
+    # Batches whose features are gathered ahead in a background thread; 0 = inline. -1 = auto: 2 on a GPU
+    # (the CPU is otherwise idle while it computes), 0 on CPU (a gather thread would steal the cores the
+    # model's own threads use: 1.25x slower epochs on the 2-core benchmark machine).
+    prefetch: int = -1
     num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use
     eval_every: int = 1  # validate every this many epochs
     eval_fanouts: Optional[List[int]] = None  # validation/test fanouts; default sampler.fanouts
@@ -208,6 +231,7 @@ class TrainOptions:
     feature_cache_budget_mb: float = 2048.0  # auto: in memory when the feature matrix fits this
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 0  # also log every N steps to metrics.jsonl; 0 = per epoch only
+    few_labels: FewLabelsOptions = field(default_factory=FewLabelsOptions)
 
 
 @dataclass
@@ -220,10 +244,13 @@ class TrainStageConfig(StageBase):
 
 
 @dataclass
-class PipelineStageConfig(StageBase):
+class PipelineStageConfig(TrainStageConfig):
+    """The train keys plus every other stage's options; the pipeline hands each stage only its own."""
+
     shard: ShardOptions = field(default_factory=ShardOptions)
     csc: CscOptions = field(default_factory=CscOptions)
-    stages: List[str] = field(default_factory=lambda: ["shard", "build_csr"])
+    infer: InferOptions = field(default_factory=InferOptions)
+    stages: List[str] = field(default_factory=lambda: ["shard", "build_csr", "train", "infer"])
 
 
 DATA_SCHEMAS = {

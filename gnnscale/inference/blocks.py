@@ -7,10 +7,9 @@ sampler: a contiguous batch is one slice of `indices`, and an edge delta can be 
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-import torch
+
+from gnnscale.sampling.blocks import BlockBuilder  # noqa: F401  (re-exported: the layer-wise path builds its blocks with it)
 
 _SCAN_CHUNK = 1 << 22  # edges per step when scanning every edge (bounded heap)
 
@@ -141,64 +140,6 @@ def _sorted_isin(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(sorted_set, values)
     idx[idx == len(sorted_set)] = 0
     return sorted_set[idx] == values
-
-
-class BlockBuilder:
-    """DGL blocks for batches of destination nodes, in one of two layouts.
-
-    compact: the sources are the batch's destinations first (DGL's block convention, which SAGEConv relies
-      on to find each destination's own row) followed by the other distinct sources in increasing id order,
-      so a layer's input rows are gathered into one [num_src, dim] tensor.
-    global: the sources are all N nodes in their own ids, so a layer can read its input array in place with
-      no gather at all; only valid for layers that touch source rows through edge messages alone.
-
-    Relabelling uses two N-sized scratch arrays (a bool mark and an int32/64 id map) instead of a sort:
-    O(edges) per batch plus one O(N) scan, and a few bytes per node, far below one layer's rows.
-    """
-
-    def __init__(self, num_nodes: int):
-        self.n = num_nodes
-        self._mark = np.zeros(num_nodes, dtype=bool)
-        self._map = np.empty(num_nodes, dtype=np.int32 if num_nodes < 2**31 else np.int64)
-
-    def compact(self, dst: np.ndarray, ip: np.ndarray, src: np.ndarray):
-        """(block, source ids) with local ids: destinations first, then the other sources ascending."""
-        dst = np.ascontiguousarray(dst, dtype=np.int64)
-        n_dst = len(dst)
-        self._mark[src] = True
-        self._mark[dst] = False
-        others = np.flatnonzero(self._mark)
-        self._mark[others] = False  # leave the scratch clean for the next batch
-        self._map[dst] = np.arange(n_dst, dtype=self._map.dtype)
-        self._map[others] = np.arange(n_dst, n_dst + len(others), dtype=self._map.dtype)
-        local = self._map[src].astype(np.int64)
-        src_ids = torch.from_numpy(np.concatenate([dst, others]))
-        return self._block(ip, local, len(src_ids), dst, src_ids), src_ids
-
-    def global_(self, dst: np.ndarray, ip: np.ndarray, src: np.ndarray):
-        """A block whose sources are every node (ids unchanged) and whose destinations are `dst`."""
-        dst = np.ascontiguousarray(dst, dtype=np.int64)
-        return self._block(ip, np.ascontiguousarray(src, dtype=np.int64), self.n, dst, None)
-
-    @staticmethod
-    def _block(ip, local, num_src: int, dst: np.ndarray, src_ids):
-        import dgl
-
-        with warnings.catch_warnings():
-            warnings.simplefilter(
-                "ignore", UserWarning
-            )  # slices of read-only mmaps: DGL never writes to them
-            indptr = torch.from_numpy(np.ascontiguousarray(ip, dtype=np.int64))
-            indices = torch.from_numpy(local)
-        block = dgl.create_block(
-            ("csc", (indptr, indices, torch.arange(len(local)))),
-            num_src_nodes=num_src,
-            num_dst_nodes=len(dst),
-        )
-        if src_ids is not None:
-            block.srcdata[dgl.NID] = src_ids
-        block.dstdata[dgl.NID] = torch.from_numpy(dst)
-        return block
 
 
 # A layer that projects every source row before message passing (SAGEConv with in > out) does that

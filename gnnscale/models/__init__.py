@@ -21,7 +21,17 @@ NORMS = ("none", "batch", "layer")
 
 
 class GNN(nn.Module):
-    def __init__(self, arch: str, in_dim: int, hidden: int, num_classes: int, num_layers: int, aggregator: str, dropout: float, norm: str):
+    def __init__(
+        self,
+        arch: str,
+        in_dim: int,
+        hidden: int,
+        num_classes: int,
+        num_layers: int,
+        aggregator: str,
+        dropout: float,
+        norm: str,
+    ):
         super().__init__()
         import dgl.nn as dglnn
 
@@ -33,7 +43,9 @@ class GNN(nn.Module):
             if arch == "sage":
                 self.layers.append(dglnn.SAGEConv(dims[i], dims[i + 1], aggregator))
             elif arch == "gcn":
-                self.layers.append(dglnn.GraphConv(dims[i], dims[i + 1], norm="both", allow_zero_in_degree=True))
+                self.layers.append(
+                    dglnn.GraphConv(dims[i], dims[i + 1], norm="both", allow_zero_in_degree=True)
+                )
             else:
                 self.layers.append(nn.Linear(dims[i], dims[i + 1]))
         self.norms = nn.ModuleList(_norm(norm, hidden) for _ in range(num_layers - 1))
@@ -47,7 +59,9 @@ class GNN(nn.Module):
         else:
             h = self.layers[i](block, h)
         if i < self.num_layers - 1:
-            h = self.dropout(torch.relu(self.norms[i](h)))
+            # In place: the layer's last op (a bias add) does not keep its output for backward, so this
+            # saves one [rows, hidden] tensor per layer (autograd would refuse if that ever changed).
+            h = self.dropout(torch.relu_(self.norms[i](h)))
         return h
 
     def forward(self, blocks, x: torch.Tensor) -> torch.Tensor:
@@ -69,12 +83,16 @@ def check_model_cfg(cfg) -> None:
     if cfg.arch not in ARCHS:
         raise ConfigError(f"model.arch={cfg.arch!r} is not known", f"choose one of {', '.join(ARCHS)}")
     if cfg.aggregator not in AGGREGATORS:
-        raise ConfigError(f"model.aggregator={cfg.aggregator!r} is not known", f"choose one of {', '.join(AGGREGATORS)}")
+        raise ConfigError(
+            f"model.aggregator={cfg.aggregator!r} is not known", f"choose one of {', '.join(AGGREGATORS)}"
+        )
     norm = cfg.norm or "none"
     if norm not in NORMS:
         raise ConfigError(f"model.norm={cfg.norm!r} is not known", f"choose one of {', '.join(NORMS)}")
     if cfg.num_layers < 1:
-        raise ConfigError(f"model.num_layers={cfg.num_layers} must be at least 1", "use e.g. model.num_layers=2")
+        raise ConfigError(
+            f"model.num_layers={cfg.num_layers} must be at least 1", "use e.g. model.num_layers=2"
+        )
     if cfg.hidden < 1:
         raise ConfigError(f"model.hidden={cfg.hidden} must be positive", "use e.g. model.hidden=256")
     if not 0.0 <= cfg.dropout < 1.0:
@@ -84,7 +102,16 @@ def check_model_cfg(cfg) -> None:
 def build_model(cfg, in_dim: int, num_classes: int) -> GNN:
     """Factory: the `model` config node (arch, hidden, num_layers, aggregator, dropout, norm) -> GNN."""
     check_model_cfg(cfg)
-    return GNN(cfg.arch, int(in_dim), int(cfg.hidden), int(num_classes), int(cfg.num_layers), cfg.aggregator, float(cfg.dropout), cfg.norm or "none")
+    return GNN(
+        cfg.arch,
+        int(in_dim),
+        int(cfg.hidden),
+        int(num_classes),
+        int(cfg.num_layers),
+        cfg.aggregator,
+        float(cfg.dropout),
+        cfg.norm or "none",
+    )
 
 
 def model_signature(cfg, in_dim: int, num_classes: int) -> dict:

@@ -1,7 +1,8 @@
 """Samplers (`sampler=`) and loaders: plain factories over DGL's samplers and DataLoader.
 
-`build_sampler(cfg, num_layers)` maps a sampler config to a DGL block sampler; `build_loader`
-wraps it in a seeded, shuffling `dgl.dataloading.DataLoader`. Only `neighbor` exists now; the
+`build_sampler(cfg, num_layers)` maps a sampler config to a DGL block sampler (`neighbor`: DGL's
+neighbour draws, relabelled by gnnscale; see sampling/neighbor.py); `build_loader` wraps it in a
+seeded, shuffling `dgl.dataloading.DataLoader`. Only `neighbor` exists now; the
 other formations of DESIGN §6 (weighted, random_walk, labor, cluster_gcn, full) register one
 function each in SAMPLERS with the same signature and need no change elsewhere.
 """
@@ -31,10 +32,10 @@ def check_fanouts(fanouts: Sequence[int], num_layers: int, key: str = "sampler.f
 
 
 def _neighbor(cfg, num_layers: int, fanouts: Sequence[int] | None):
-    import dgl
+    from gnnscale.sampling.neighbor import NeighborBlockSampler
 
     fanouts = check_fanouts(cfg.fanouts if fanouts is None else fanouts, num_layers)
-    return dgl.dataloading.NeighborSampler(fanouts, replace=bool(cfg.get("replace", False)))
+    return NeighborBlockSampler(fanouts, replace=bool(cfg.get("replace", False)))
 
 
 # kind -> factory(cfg, num_layers, fanouts_override) -> a dgl.dataloading block sampler
@@ -86,13 +87,48 @@ def build_loader(
     )
 
 
+_numbered_threads = 1  # the team size up to which this process's DGL threads hold their stream numbers
+
+
+def set_sampling_threads(n: int) -> None:
+    """Size DGL's OpenMP team (its own runtime: torch.set_num_threads does not reach it) so that
+    seeded sampling repeats in any process with the same thread count.
+
+    DGL seeds thread k's stream with seed + k, where k is the order in which threads first touch
+    their RNG. When a team first seeds all at once, its threads race for those numbers and the
+    streams land on different chunks of work in every process. Growing the team one thread at a
+    time, seeding at each size, hands the numbers out in OpenMP thread order instead.
+    """
+    import dgl
+    from dgl.utils import set_num_threads
+
+    global _numbered_threads
+    n = max(1, int(n))
+    for k in range(_numbered_threads, n + 1):
+        set_num_threads(k)
+        dgl.seed(0)  # the caller reseeds afterwards; this only numbers the team's threads
+    _numbered_threads = max(_numbered_threads, n)
+    set_num_threads(n)
+
+
 def _seed_worker(worker_id: int) -> None:
     import dgl
     import numpy as np
+    from dgl.utils import get_num_threads
 
+    global _numbered_threads
+    _numbered_threads = 1  # a forked worker starts without the parent's OpenMP threads: number its own
+    set_sampling_threads(get_num_threads())
     seed = torch.initial_seed() % (2**31)
     np.random.seed(seed)
     dgl.seed(seed)
 
 
-__all__ = ["SAMPLERS", "build_loader", "build_sampler", "check_fanouts", "check_sampler_cfg"]
+__all__ = [
+    "SAMPLERS",
+    "build_loader",
+    "build_sampler",
+    "check_fanouts",
+    "check_sampler_cfg",
+    "set_sampling_threads",
+]

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.errors import ConfigError, DataError
 from gnnscale.models import build_model, model_signature, signature_hash
-from gnnscale.sampling import build_loader, build_sampler
+from gnnscale.sampling import build_loader, build_sampler, set_sampling_threads
 from gnnscale.stages.common import config_hash, cpu_count, make_run_dir, metered, write_summary
 from gnnscale.training.alloc import keep_heap_warm
 from gnnscale.training.batches import BatchStream
@@ -36,7 +36,7 @@ from gnnscale.training.data import load_train_data
 from gnnscale.training.evaluate import evaluate
 from gnnscale.training.loop import epoch_seed, reseed, train_epoch
 from gnnscale.training.metrics import check_metric, class_weights, finite_or_none
-from gnnscale.training.options import check_train_cfg, pick_device
+from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
 from gnnscale.training.precision import Precision
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.utils.atomic import append_jsonl, write_text
@@ -44,7 +44,7 @@ from gnnscale.utils.ui import info, is_rank_zero, make_progress, summary_table
 
 METRICS_FILE = "metrics.jsonl"
 # Keys that steer where and whether a run continues, not what it computes.
-_RUN_KEYS = ("run_dir", "resume", "overwrite")
+_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides")
 _EVAL_STREAM, _TEST_STREAM = 1, 2
 
 
@@ -120,8 +120,18 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     keep_heap_warm()
     threads = int(t.num_threads) or cpu_count()
     torch.set_num_threads(threads)
+    set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
     data = load_train_data(cfg.graph_dir, t.feature_cache, float(t.feature_cache_budget_mb))
     check_metric(t.metric, data.num_classes)
+    cfg, few_labels, kept = apply_few_labels(cfg, len(data.splits["train"]))
+    t = cfg.train
+    if few_labels:
+        info(
+            f"few labelled training nodes ({len(data.splits['train']):,} < train.few_labels.below="
+            f"{t.few_labels.below:,}): using {' '.join(f'{k}={v}' for k, v in few_labels.items())}"
+            f"{' (kept yours: ' + ' '.join(kept) + ')' if kept else ''} "
+            "(change one with train.few_labels.<name>=VALUE, or turn them off with train.few_labels.below=0)"
+        )
     device = pick_device(t.device)
     precision = Precision(cfg.precision.dtype, device)
 
@@ -149,6 +159,7 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     sampler = build_sampler(cfg.sampler, int(cfg.model.num_layers))
     eval_sampler = build_sampler(cfg.sampler, int(cfg.model.num_layers), fanouts=t.eval_fanouts)
     eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
+    prefetch = int(t.prefetch) if t.prefetch >= 0 else (2 if device.type == "cuda" else 0)
 
     def stream(split: str, train: bool) -> BatchStream:
         ids = data.splits[split]
@@ -158,7 +169,7 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
             lambda: build_loader(data.g, ids, s, bs, shuffle=train, num_workers=int(t.num_workers)),
             data.features,
             data.labels,
-            prefetch=int(t.prefetch),
+            prefetch=prefetch,
             device=device,
             num_batches=math.ceil(len(ids) / bs),
         )
@@ -350,6 +361,8 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
         "device": device.type,
         "feature_cache": data.feature_cache,
         "num_threads": threads,
+        "prefetch": prefetch,
+        "few_labels_applied": few_labels,
         "checkpoint": str(best_path if best_path.is_file() else ckpt_dir / LAST),
         **meter.stats(),
     }

@@ -4,10 +4,10 @@ Each batch is (input_nodes, seeds, blocks) from a DGL DataLoader plus x = featur
 input_nodes *in that order* (DGL lists each block's destination nodes first among its sources,
 so row i of x is blocks[0]'s source node i) and y = labels of the seeds.
 
-Determinism: DGL 2.1 reseeds (dgl.seed) only the calling thread's sampling RNG reliably, so
-sampling runs in the caller's thread with one OpenMP thread (its other OpenMP workers keep
-unseeded RNG streams), and the DataLoader is rebuilt each epoch (its shuffle permutes the
-previous epoch's order in place, which a resumed process would not have).
+Determinism: sampling runs in the caller's thread, whose DGL OpenMP team dgl.seed reseeds as a
+whole (the training loop reseeds with the same thread count it samples with); the blocks are
+relabelled deterministically (sampling/neighbor.py); and the DataLoader is rebuilt each epoch (its
+shuffle permutes the previous epoch's order in place, which a resumed process would not have).
 
 Speed: rows are gathered with index_select into a ring of reused buffers (a fresh tensor per
 batch costs page faults that dominate the gather), in a thread, `prefetch` batches ahead, while
@@ -17,7 +17,6 @@ one in compute (autograd may read it until backward ends), up to prefetch + 1 be
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -38,19 +37,6 @@ class Batch:
     y: torch.Tensor
     sample_s: float
     gather_s: float
-
-
-@contextlib.contextmanager
-def serial_sampling():
-    """One OpenMP thread while DGL samples (DGL and torch share it: restore torch's count after)."""
-    from dgl.utils import set_num_threads
-
-    n = torch.get_num_threads()
-    set_num_threads(1)
-    try:
-        yield
-    finally:
-        set_num_threads(n)
 
 
 def _single_threaded() -> None:
@@ -127,16 +113,14 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[Batch]:
         loader = self.make_loader()
-        with serial_sampling():
-            it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
+        it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
         pending: deque = deque()
         exhausted = False
         try:
             while True:
                 while not exhausted and len(pending) <= self.prefetch:
                     t0 = time.perf_counter()
-                    with serial_sampling():
-                        item = next(it, None)
+                    item = next(it, None)
                     sample_s = time.perf_counter() - t0
                     if item is None:
                         exhausted = True

@@ -1,4 +1,4 @@
-"""Static checks of a train config, before any data is read: a bad value exits 2 with one line."""
+"""Checks of a train config before any data is read (a bad value exits 2 with one line), and the\nfew-labels profile, which only the size of the train split decides."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def check_train_cfg(cfg) -> None:
     _require(0 <= t.input_dropout < 1, "train.input_dropout", t.input_dropout, "must be in [0, 1)", 0.5)
     _require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 = off)", 1.0)
     _require(t.num_workers >= 0, "train.num_workers", t.num_workers, "must be >= 0", 0)
-    _require(t.prefetch >= 0, "train.prefetch", t.prefetch, "must be >= 0 (0 = no prefetching)", 1)
+    _require(
+        t.prefetch >= -1, "train.prefetch", t.prefetch, "must be >= 0 (0 = no prefetching) or -1 (auto)", 1
+    )
     _require(t.num_threads >= 0, "train.num_threads", t.num_threads, "must be >= 0 (0 = every core)", 0)
     _require(t.eval_every >= 1, "train.eval_every", t.eval_every, "must be at least 1", 1)
     _require(t.patience >= 0, "train.patience", t.patience, "must be >= 0 (0 = no early stopping)", 10)
@@ -77,6 +79,37 @@ def check_train_cfg(cfg) -> None:
         raise ConfigError(f"train.device={t.device!r} is not known", f"choose one of {', '.join(DEVICES)}")
     if t.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device=cuda but no CUDA device is visible", "use train.device=cpu (or auto)")
+
+
+# train.few_labels.<field> -> the key it replaces
+FEW_LABELS_KEYS = {
+    "aggregator": "model.aggregator",
+    "norm": "model.norm",
+    "dropout": "model.dropout",
+    "input_dropout": "train.input_dropout",
+    "lr": "train.lr",
+    "weight_decay": "train.weight_decay",
+}
+
+
+def apply_few_labels(cfg, num_train: int):
+    """(cfg, {key: value} applied, [keys kept]) with train.few_labels' values in place when the train
+    split is small; a key the user set on the command line keeps the user's value."""
+    from omegaconf import OmegaConf
+
+    from gnnscale.config.compose import overridden_keys
+
+    profile = cfg.train.get("few_labels")
+    if profile is None or num_train >= int(profile.below):
+        return cfg, {}, []
+    wanted = {key: profile[name] for name, key in FEW_LABELS_KEYS.items() if profile.get(name) is not None}
+    mine = overridden_keys(cfg)
+    applied = {k: v for k, v in wanted.items() if k not in mine}
+    cfg = cfg.copy()
+    for key, value in applied.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    check_train_cfg(cfg)
+    return cfg, applied, sorted(k for k in wanted if k in mine)
 
 
 def pick_device(name: str) -> torch.device:

@@ -66,7 +66,7 @@ def summary_table(title: str, rows: dict) -> None:
         return
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("key", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a long path wraps instead of losing its end to "…"
     for key, value in rows.items():
         if isinstance(value, float):
             value = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
