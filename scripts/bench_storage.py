@@ -53,8 +53,17 @@ def main() -> None:
     common = [f"graph_dir={graph_dir}", f"shard.nodes_per_shard={args.nodes_per_shard}"]
     baseline_anon = rss_anon_mb()
     results: dict = {
-        "graph": {"num_nodes": args.num_nodes, "avg_degree": args.avg_degree, "feat_dim": args.feat_dim, "nodes_per_shard": args.nodes_per_shard},
-        "machine": {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(), "python": platform.python_version()},
+        "graph": {
+            "num_nodes": args.num_nodes,
+            "avg_degree": args.avg_degree,
+            "feat_dim": args.feat_dim,
+            "nodes_per_shard": args.nodes_per_shard,
+        },
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "process_baseline_anon_mb": round(baseline_anon, 1),
         "stages": {},
     }
@@ -78,7 +87,9 @@ def main() -> None:
         }
         if stage == "shard":
             row["input_edges_per_s"] = round(summary["input_edges"] / wall)
-            row["bytes_on_disk_gb"] = round(sum(f.stat().st_size for f in graph_dir.glob("part_*.pt")) / 1e9, 2)
+            row["bytes_on_disk_gb"] = round(
+                sum(f.stat().st_size for f in graph_dir.glob("part_*.pt")) / 1e9, 2
+            )
         else:
             row["csc_build_time_s"] = summary["build_time_s"]
             row["csc_edges_per_s"] = summary["edges_per_s"]

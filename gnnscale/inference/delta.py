@@ -190,6 +190,30 @@ class GraphDelta:
             order = np.argsort(nodes)
             feat_nodes, feat_rows = nodes[order], rows[order]
 
+        if not (len(self.removed_pos) or len(self.add_src) or len(ch.remove_src)):
+            # Additions onto the stored graph alone (a first update): the loop below, vectorised.
+            as_, ad = _unique_pairs(ch.add_src, ch.add_dst, n) if dedup else (ch.add_src, ch.add_dst)
+            keep = np.ones(len(as_), dtype=bool)
+            if not keep_loops:
+                keep &= as_ != ad
+                report["self_loops_skipped"] = int((~keep).sum())
+            if dedup and len(as_):
+                pos, owner = rows_edges(indptr, np.unique(ad))
+                rows = np.unique(ad)
+                stored = np.sort(rows[owner] * n + np.asarray(indices[pos], dtype=np.int64))
+                q = ad * n + as_
+                exists = np.searchsorted(stored, q, "right") > np.searchsorted(stored, q, "left")
+                report["duplicates_skipped"] = int((keep & exists).sum())
+                keep &= ~exists
+            add_src, add_dst = as_[keep].astype(np.int64), ad[keep].astype(np.int64)
+            report["edges_removed"] = 0
+            report["edges_added"] = int(keep.sum())
+            report["feature_rows_changed"] = int(len(ch.feat_nodes))
+            report["changed_feat_nodes"] = ch.feat_nodes
+            report["changed_src"], report["changed_dst"] = add_src, add_dst
+            delta = GraphDelta(feat_nodes, feat_rows.astype(np.float32), _EMPTY, add_src, add_dst)
+            return delta, report
+
         removed = set(self.removed_pos.tolist())
         added = {}  # (dst, src) -> count, the delta's added edges
         for s, d in zip(self.add_src.tolist(), self.add_dst.tolist(), strict=True):
@@ -274,13 +298,13 @@ class PatchedFeatures:
         self.nodes = torch.from_numpy(delta.feat_nodes)
         self.rows = torch.from_numpy(delta.feat_rows)
 
-    def copy_into(self, out: torch.Tensor) -> None:
-        """Every node's (patched) feature row into out[N, F]."""
+    def copy_into(self, out) -> None:
+        """Every node's (patched) feature row into `out`: [N, F] float32 rows with write_range / write."""
         from gnnscale.inference.layerwise import copy_shard_features
 
         copy_shard_features(self.base.graph, out)
         if len(self.nodes):
-            out[self.nodes] = self.rows
+            out.write(self.nodes.numpy(), self.rows)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         out = self.base.gather(ids)

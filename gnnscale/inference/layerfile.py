@@ -50,6 +50,33 @@ def _header_len(path: Path) -> tuple[int, tuple, np.dtype]:
         return fh.tell(), shape, dtype
 
 
+ALIGN = 4096  # where a layer file's rows start: O_DIRECT (streamfile.py) wants page-aligned offsets
+
+
+def create_layer_file(path: Path, shape: tuple, dtype=np.float32) -> int:
+    """A new .npy of `shape` whose header is padded so the data starts at ALIGN; returns that offset.
+
+    np.load reads it like any other .npy (version 1.0 allows headers up to 64 KiB).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = repr(
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+            "fortran_order": False,
+            "shape": tuple(int(x) for x in shape),
+        }
+    )
+    prefix = np.lib.format.MAGIC_PREFIX + bytes([1, 0])
+    pad = ALIGN - len(prefix) - 2 - len(header) - 1
+    raw = (header + " " * pad + "\n").encode("latin1")
+    with open(path, "wb") as fh:
+        fh.write(prefix + len(raw).to_bytes(2, "little") + raw)
+        fh.truncate(ALIGN + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    _preallocate(path)
+    return ALIGN
+
+
 def _preallocate(path: Path) -> None:
     """Reserve the file's blocks up front: first writes into a sparse file's mapping cost ~4x more (ext4)."""
     fd = os.open(path, os.O_RDWR)
@@ -75,13 +102,13 @@ class LayerFile:
         self.path = Path(path)
         self.mode = mode
         if shape is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # open_memmap writes the .npy header and sizes the (sparse) file; we map it ourselves below.
-            del_me = np.lib.format.open_memmap(self.path, mode="w+", dtype=dtype, shape=tuple(shape))
-            del del_me
-            _preallocate(self.path)
+            create_layer_file(self.path, shape, dtype)
         offset, shape, dtype = _header_len(self.path)
-        self.shape = tuple(shape)
+        self.shape, self.offset, self.row_bytes = (
+            tuple(shape),
+            offset,
+            int(np.prod(shape[1:])) * dtype.itemsize,
+        )
         self._fh = open(self.path, "r+b" if writable else "rb")
         self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         self.array = np.ndarray(self.shape, dtype=dtype, buffer=self._mm, offset=offset)
@@ -97,14 +124,26 @@ class LayerFile:
         return torch.index_select(self.tensor, 0, ids)
 
     def write(self, ids: np.ndarray, rows: torch.Tensor) -> None:
-        """Rows for sorted ids: one slice copy for a contiguous run, else a scatter."""
+        """Rows for sorted ids: one pwrite for a contiguous run, else a scatter through the mapping."""
         if len(ids) == 0:
             return
         lo, hi = int(ids[0]), int(ids[-1]) + 1
         if hi - lo == len(ids):
-            self.tensor[lo:hi] = rows
+            self.write_range(lo, rows)
         else:
             self.tensor.index_copy_(0, torch.from_numpy(np.asarray(ids, dtype=np.int64)), rows)
+
+    def write_range(self, lo: int, rows: torch.Tensor) -> None:
+        """Rows lo.. with pwrite, not stores into the mapping: the first store to each page of a fresh file
+        mapping takes a page fault (ext4 page_mkwrite, block allocation), which cost 0.3-2 s per 512 MB on
+        the 500k-node benchmark against 0.12 s for the same bytes through pwrite (one copy, no faults).
+        The page cache is the same one the mapping reads, so readers of `tensor` see the rows at once."""
+        buf = memoryview(np.ascontiguousarray(rows.numpy(), dtype=self.array.dtype)).cast("B")
+        assert len(buf) == len(rows) * self.row_bytes, (len(buf), len(rows), self.row_bytes)
+        at, fd = self.offset + lo * self.row_bytes, self._fh.fileno()
+        while len(buf):  # pwrite may write less than asked (signals, very large requests)
+            done = os.pwrite(fd, buf, at)
+            buf, at = buf[done:], at + done
 
     def release(self) -> None:
         """'disk' mode: drop this process's mapped pages (the data stays in the file / page cache)."""

@@ -17,6 +17,7 @@ import torch
 
 from gnnscale.inference.blocks import Adjacency, BlockBuilder, projects_sources, reads_sources_by_edge
 from gnnscale.inference.layerfile import LayerFile
+from gnnscale.inference.streamfile import StreamWriter
 from gnnscale.storage.feature_store import FeatureStore
 
 
@@ -32,9 +33,11 @@ class LayerStats:
     edges: int
     seconds: float
     sources: str = "gathered"  # 'in place': the blocks read the input array directly
+    method: str | None = None  # an update's: delta | full | rows | reused (see inference/update.py)
+    detail: dict | None = None
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "layer": self.layer,
             "dim": self.dim,
             "rows_computed": self.rows,
@@ -42,11 +45,19 @@ class LayerStats:
             "seconds": round(self.seconds, 3),
             "sources": self.sources,
         }
+        if self.method is not None:
+            out["method"] = self.method
+        return {**out, **(self.detail or {})}
 
 
 def layer_paths(folder: Path, num_layers: int) -> list[Path]:
     """layers/h_1.npy ... h_L.npy; h_L is the final layer's output (the logits)."""
     return [Path(folder) / f"h_{i + 1}.npy" for i in range(num_layers)]
+
+
+def preact_path(h_path: Path) -> Path:
+    """layers/z_l.npy: the conv output of layer l (before its norm and activation), next to h_l.npy."""
+    return Path(h_path).with_name("z_" + Path(h_path).name[2:])
 
 
 def batches(rows: np.ndarray | None, num_nodes: int, batch_size: int):
@@ -85,30 +96,186 @@ class _Input:
             self.owned.path.unlink()
 
 
-def _staged_features(features, n: int, dim: int, path: Path, mode: str, chunk: int = 1 << 16) -> _Input:
+def staged_features(features, n: int, dim: int, path: Path, mode: str, chunk: int = 1 << 16) -> _Input:
     """The features as one [N, F] float32 tensor to read in place: the store's own if it is one, else a copy."""
     full = getattr(features, "_full", None)
     if isinstance(full, torch.Tensor) and full.dtype == torch.float32 and full.shape == (n, dim):
         return _Input(features, full)
-    staged = LayerFile(path, shape=(n, dim), mode=mode)
+    # 'memory' stages into the heap: filling fresh page cache cost several times more than fresh heap on
+    # the benchmark machine (a VM), and the copy lives only for the first layer. 'disk' keeps it a file.
+    staged = _HeapRows(n, dim) if mode == "memory" else LayerFile(path, shape=(n, dim), mode=mode)
     if hasattr(features, "copy_into"):
-        features.copy_into(staged.tensor)
+        features.copy_into(staged)
     elif isinstance(features, FeatureStore):
-        copy_shard_features(features.graph, staged.tensor)
+        copy_shard_features(features.graph, staged)
     else:
         for lo in range(0, n, chunk):
             ids = np.arange(lo, min(lo + chunk, n), dtype=np.int64)
             staged.write(ids, features.gather(torch.from_numpy(ids)).to(torch.float32))
             staged.release()
     staged.release()
-    return _Input(staged, staged.tensor, owned=staged)
+    return _Input(staged, staged.tensor, owned=staged if isinstance(staged, LayerFile) else None)
 
 
-def copy_shard_features(graph, out: torch.Tensor) -> None:
-    """Every shard's feature rows into out[N, F] (float32), one contiguous slice per shard."""
+class _HeapRows:
+    """An [N, F] float32 tensor with LayerFile's writing interface."""
+
+    def __init__(self, n: int, dim: int):
+        self.tensor = torch.empty((n, dim), dtype=torch.float32)
+
+    def write_range(self, lo: int, rows: torch.Tensor) -> None:
+        self.tensor[lo : lo + len(rows)] = rows
+
+    def write(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        self.tensor[torch.from_numpy(np.asarray(ids, dtype=np.int64))] = rows.to(torch.float32)
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(self.tensor, 0, ids)
+
+    def release(self) -> None:
+        pass
+
+
+def copy_shard_features(graph, out) -> None:
+    """Every shard's feature rows into out ([N, F] float32 rows with write_range), one write per shard."""
     starts = graph.node_starts
     for i in range(graph.num_shards):
-        out[int(starts[i]) : int(starts[i + 1])] = graph.shard(i)["feat"]
+        out.write_range(int(starts[i]), graph.shard(i)["feat"].to(torch.float32))
+        out.release()
+
+
+class _Preactivation(torch.nn.Module):
+    """Stands in for conv i inside layer_forward, which then applies only what follows the conv."""
+
+    def forward(self, block, z: torch.Tensor) -> torch.Tensor:
+        return z
+
+
+def finish_layer(model, i: int, z: torch.Tensor) -> torch.Tensor:
+    """Layer i's output from its conv's output z (norm, activation, dropout in eval: row-wise, exact).
+
+    Taken from layer_forward itself (with the conv swapped out), so the cached pre-activations and the
+    outputs can never follow two versions of the model. May modify z in place (relu_).
+    """
+    conv = model.layers[i]
+    model.layers[i] = _Preactivation()
+    try:
+        return model.layer_forward(i, None, z)
+    finally:
+        model.layers[i] = conv
+
+
+def caches_preactivation(model, i: int) -> bool:
+    """Whether layer i's conv output is worth caching: a linear aggregator that --update can propagate
+    a change through (delta.py), and a hidden layer (the last layer's output is its conv output)."""
+    from gnnscale.inference.propagate import propagates
+
+    return i < model.num_layers - 1 and model.arch == "sage" and propagates(model.layers[i])
+
+
+class LayerContext:
+    """What every batch of a layer shares: the block builder and the GCN degree correction."""
+
+    def __init__(self, model, adj: Adjacency, device: torch.device):
+        self.model, self.adj, self.device = model, adj, device
+        self.builder = BlockBuilder(adj.num_nodes)
+        # GraphConv normalises by the source's out-degree *in the block*, which for a batch of destinations
+        # is not its degree in the graph; rescaling each source row by sqrt(d_block / d_graph) makes the
+        # block's normalisation equal the full graph's (GraphConv is linear in its input rows).
+        self.out_deg = (
+            torch.from_numpy(adj.out_degrees()).clamp_(min=1).double() if model.arch == "gcn" else None
+        )
+
+    def in_place(self, layer: int) -> bool:
+        """Read the input array in place (no gather of ~U rows per batch) when the layer allows it; on an
+        accelerator the rows have to move anyway, so gather just the needed ones there."""
+        model = self.model
+        return (
+            self.device.type == "cpu" and model.arch != "mlp" and reads_sources_by_edge(model.layers[layer])
+        )
+
+
+def compute_layer(
+    ctx: LayerContext,
+    layer: int,
+    inp: _Input,
+    in_place: bool,
+    out: LayerFile,
+    *,
+    batch_size: int,
+    rows: np.ndarray | None = None,
+    z_out: LayerFile | None = None,
+    keep=None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> tuple[int, int]:
+    """Layer `layer` for the sorted destination ids `rows` (None: every node) into `out` (and its conv
+    outputs into z_out). keep("z" | "h", lo, rows): a hook that may change the rows lo.. of a contiguous
+    batch before they are written (an update restores the rows it did not need to change).
+    Returns (rows, edges)."""
+    model, adj, n = ctx.model, ctx.adj, ctx.adj.num_nodes
+    total = n if rows is None else len(rows)
+    done = edges = 0
+    step = batch_size
+    dim = model.dims[layer + 1]
+    if in_place and projects_sources(model.layers[layer]):
+        # Read in place, this layer projects all N source rows once per batch (N x out, narrow),
+        # and its per-batch activations scale with out, not in: wider batches cost no more memory
+        # per destination and amortise the projection (1 batch = what a full-graph forward does).
+        step = batch_size * -(-model.dims[layer] // dim)
+    for dst in batches(rows, n, step):
+        if model.arch == "mlp":  # features only: the block just marks the destinations
+            ip, src = np.zeros(len(dst) + 1, dtype=np.int64), np.empty(0, dtype=np.int64)
+        else:
+            ip, src = adj.in_edges(dst)
+        if in_place:
+            block = ctx.builder.global_(dst, ip, src)
+            x = (inp.tensor, inp.dst_rows(dst))
+        else:
+            block, src_ids = ctx.builder.compact(dst, ip, src)
+            x = inp.gather(src_ids).to(torch.float32)
+            if ctx.out_deg is not None:
+                blk_deg = block.out_degrees().clamp(min=1).double()
+                x = x * (blk_deg / ctx.out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
+            block, x = block.to(ctx.device), x.to(ctx.device)
+        if z_out is not None:
+            z = model.layers[layer](block, x).to("cpu", torch.float32)
+            if keep is not None:
+                keep("z", int(dst[0]), z)
+            z_out.write(dst, z)
+            z_out.release()
+            y = finish_layer(model, layer, z)
+        else:
+            y = model.layer_forward(layer, block, x).to("cpu", torch.float32)
+        if keep is not None:
+            keep("h", int(dst[0]), y)
+        out.write(dst, y)
+        inp.release()
+        out.release()
+        done += len(dst)
+        edges += len(src)
+        if progress is not None:
+            progress(layer, done, total)
+    return total, edges
+
+
+def open_input(
+    features,
+    layer: int,
+    prev: LayerFile | None,
+    in_place: bool,
+    todo,
+    n: int,
+    dim: int,
+    path: Path,
+    mode: str,
+):
+    """(input, in place?) of a layer: the previous layer's file, or the features (staged into one file
+    when the layer reads them in place over enough rows to pay for one pass over them)."""
+    if layer > 0:
+        return _Input(prev, prev.tensor), in_place
+    if in_place and (todo is None or len(todo) >= n // 8):
+        return staged_features(features, n, dim, path, mode), True
+    return _Input(features), False
 
 
 def run_layers(
@@ -121,10 +288,11 @@ def run_layers(
     batch_size: int,
     rows: Sequence[np.ndarray | None] | None = None,
     create: bool | Sequence[bool] = True,
+    preact: Sequence[Path | None] | None = None,
     device: torch.device = torch.device("cpu"),
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[LayerStats]:
-    """Compute layer outputs into `paths` (one .npy per layer).
+    """Compute layer outputs into `paths` (one .npy per layer), and conv outputs into preact[l] where given.
 
     rows[l] = the sorted node ids layer l must (re)compute, or None for every node. Where create[l] is False
     the file exists already (copied from a previous run) and only those rows are overwritten.
@@ -134,64 +302,42 @@ def run_layers(
     num_layers = model.num_layers
     rows = list(rows) if rows is not None else [None] * num_layers
     create = [create] * num_layers if isinstance(create, bool) else list(create)
-    # GraphConv normalises by the source's out-degree *in the block*, which for a batch of destinations
-    # is not its degree in the graph; rescaling each source row by sqrt(d_block / d_graph) makes the
-    # block's normalisation equal the full graph's (GraphConv is linear in its input rows).
-    out_deg = torch.from_numpy(adj.out_degrees()).clamp_(min=1).double() if model.arch == "gcn" else None
-    builder = BlockBuilder(n)
+    preact = list(preact) if preact is not None else [None] * num_layers
+    ctx = LayerContext(model, adj, device)
     stats: list[LayerStats] = []
     prev: LayerFile | None = None
     with torch.no_grad():
         for layer in range(num_layers):
             t0 = time.time()
             todo = rows[layer]
-            # Reading the input array in place (no gather of ~U rows per batch) when the layer allows it;
-            # on an accelerator the rows have to move anyway, so gather just the needed ones there.
-            in_place = (
-                device.type == "cpu" and model.arch != "mlp" and reads_sources_by_edge(model.layers[layer])
+            inp, in_place = open_input(
+                features,
+                layer,
+                prev,
+                ctx.in_place(layer),
+                todo,
+                n,
+                model.dims[0],
+                Path(paths[0]).with_name("h_0.npy.partial"),
+                mode,
             )
-            if layer > 0:
-                inp = _Input(prev, prev.tensor)
-            elif in_place and (
-                todo is None or len(todo) >= n // 8
-            ):  # staging costs one pass over the features
-                inp = _staged_features(
-                    features, n, model.dims[0], Path(paths[0]).with_name("h_0.npy.partial"), mode
-                )
-            else:
-                inp, in_place = _Input(features), False
             dim = model.dims[layer + 1]
             out = LayerFile(paths[layer], shape=(n, dim) if create[layer] else None, mode=mode)
-            total = n if todo is None else len(todo)
-            done = edges = 0
-            step = batch_size
-            if in_place and projects_sources(model.layers[layer]):
-                # Read in place, this layer projects all N source rows once per batch (N x out, narrow),
-                # and its per-batch activations scale with out, not in: wider batches cost no more memory
-                # per destination and amortise the projection (1 batch = what a full-graph forward does).
-                step = batch_size * -(-model.dims[layer] // dim)
-            for dst in batches(todo, n, step):
-                if model.arch == "mlp":  # features only: the block just marks the destinations
-                    ip, src = np.zeros(len(dst) + 1, dtype=np.int64), np.empty(0, dtype=np.int64)
-                else:
-                    ip, src = adj.in_edges(dst)
-                if in_place:
-                    block = builder.global_(dst, ip, src)
-                    y = model.layer_forward(layer, block, (inp.tensor, inp.dst_rows(dst)))
-                else:
-                    block, src_ids = builder.compact(dst, ip, src)
-                    x = inp.gather(src_ids).to(torch.float32)
-                    if out_deg is not None:
-                        blk_deg = block.out_degrees().clamp(min=1).double()
-                        x = x * (blk_deg / out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
-                    y = model.layer_forward(layer, block.to(device), x.to(device))
-                out.write(dst, y.to("cpu", torch.float32))
-                inp.release()
-                out.release()
-                done += len(dst)
-                edges += len(src)
-                if progress is not None:
-                    progress(layer, done, total)
+            # Nobody reads the conv outputs in this run: they bypass the page cache (streamfile.py).
+            z_out = StreamWriter(preact[layer], (n, dim)) if preact[layer] else None
+            total, edges = compute_layer(
+                ctx,
+                layer,
+                inp,
+                in_place,
+                out,
+                batch_size=batch_size,
+                rows=todo,
+                z_out=z_out,
+                progress=progress,
+            )
+            if z_out is not None:
+                z_out.close()
             inp.close()
             if prev is not None:
                 prev.close()

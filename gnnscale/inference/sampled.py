@@ -74,7 +74,10 @@ def sampled_infer(
     """(embeddings [len(nodes), d], logits [len(nodes), C]) with rows in the order of `nodes`."""
     import dgl
 
-    sampler = dgl.dataloading.NeighborSampler(fanouts)
+    from gnnscale.sampling.neighbor import NeighborBlockSampler
+
+    # The training sampler: the same draws, and the same blocks for the same seed in any process.
+    sampler = NeighborBlockSampler(fanouts)
     dgl.seed(seed)
     torch.manual_seed(seed)
     # Sample each distinct node once (in id order, so gathers read forward) and map rows back to `nodes`.
@@ -89,7 +92,7 @@ def sampled_infer(
             for layer, block in enumerate(blocks):
                 h = model.layer_forward(layer, block.to(device), h)
                 if layer + 1 == emb_layer:
-                    # A block's destinations start with the seeds (DGL's to_block order), at every layer.
+                    # A block's destinations start with the seeds (DGL's block convention), at every layer.
                     emb[lo : lo + len(seeds)] = h[: len(seeds)].cpu().numpy()
             logits[lo : lo + len(seeds)] = h.cpu().numpy()
             if progress is not None:

@@ -23,10 +23,12 @@ from gnnscale.inference.blocks import Adjacency
 from gnnscale.inference.checkpoint import LoadedCheckpoint, check_fits_graph, load_checkpoint
 from gnnscale.inference.delta import GraphDelta, PatchedFeatures, read_changes, write_updated_graph
 from gnnscale.inference.incremental import affected_rows
-from gnnscale.inference.layerfile import plan_storage, seed_unaffected_rows
-from gnnscale.inference.layerwise import layer_paths, run_layers
+from gnnscale.inference.layerfile import plan_storage
+from gnnscale.inference.layerwise import caches_preactivation, layer_paths, preact_path, run_layers
 from gnnscale.inference.outputs import accuracy, link_or_copy, publish, write_predictions
 from gnnscale.inference.sampled import resolve_fanouts, resolve_nodes, sampled_infer
+from gnnscale.inference.update import UpdateInputs, update_layers
+from gnnscale.sampling import set_sampling_threads
 from gnnscale.stages.common import config_hash, make_run_dir, metered, write_summary
 from gnnscale.storage.csc import open_csc, to_dgl_graph
 from gnnscale.storage.feature_store import FeatureStore
@@ -128,54 +130,64 @@ def _progress_cb(bar, num_layers: int):
 
 
 # ---------------------------------------------------------------- layer-wise (full and update)
-def _compute_layers(
-    model,
-    adj,
-    features,
-    run_dir: Path,
-    num_nodes: int,
-    opts,
-    device,
-    rows=None,
-    seed_from: Path | None = None,
-) -> dict:
-    """Every layer into run_dir/layers/h_*.npy.partial; rows/seed_from: update only those rows of copies."""
+def _compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, device, update=None) -> dict:
+    """Every layer into run_dir/layers/h_*.npy (and z_*.npy: the conv outputs --update propagates through).
+
+    update: (UpdateInputs, affected rows per layer) to update a base run's cached layers instead.
+    """
     storage, why, need = plan_storage(num_nodes, list(model.dims), opts.memory_budget_gb, opts.storage)
     where = (
         "in memory (page cache, kept mapped)" if storage == "memory" else "on disk (pages dropped per batch)"
     )
     info(f"layers {where}: {why}")
     final = layer_paths(run_dir / "layers", model.num_layers)
-    partial = [p.with_name(p.name + ".partial") for p in final]
-    rows = rows if rows is not None else [None] * model.num_layers
-    create = [r is None for r in rows]
-    t_copy = time.time()
-    for i, r in enumerate(rows):
-        if r is not None:  # rows outside the affected set are the base run's, bit for bit
-            partial[i].parent.mkdir(parents=True, exist_ok=True)
-            seed_unaffected_rows(seed_from / final[i].name, partial[i], r, num_nodes)
-    copy_s = time.time() - t_copy
+    final_z = [
+        preact_path(p) if opts.cache_layers and caches_preactivation(model, i) else None
+        for i, p in enumerate(final)
+    ]
+    partial = [_partial(p) for p in final]
+    partial_z = [_partial(p) if p is not None else None for p in final_z]
+    partial[0].parent.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.time(), time.process_time()
     with make_progress() as bar:
-        stats = run_layers(
-            model,
-            adj,
-            features,
-            partial,
-            mode=storage,
-            batch_size=opts.batch_size,
-            rows=rows,
-            create=create,
-            device=device,
-            progress=_progress_cb(bar, model.num_layers),
-        )
+        if update is None:
+            stats = run_layers(
+                model,
+                adj,
+                features,
+                partial,
+                mode=storage,
+                batch_size=opts.batch_size,
+                preact=partial_z,
+                device=device,
+                progress=_progress_cb(bar, model.num_layers),
+            )
+            wrote_z = [p is not None for p in partial_z]
+        else:
+            stats, wrote_z = update_layers(
+                model,
+                update[0],
+                update[1],
+                partial,
+                partial_z,
+                mode=storage,
+                batch_size=opts.batch_size,
+                device=device,
+                progress=_progress_cb(bar, model.num_layers),
+            )
     compute_s, compute_cpu_s = time.time() - t0, time.process_time() - c0
     t_pub = time.time()
     for p, f in zip(partial, final, strict=True):
         publish(p, f)  # fsync + rename: durable and atomic, timed apart from the compute
+    preact = []
+    for p, f, ok in zip(partial_z, final_z, wrote_z, strict=True):
+        if p is not None and ok:
+            publish(p, f)
+            preact.append(f.name)
     fsync_s = time.time() - t_pub
     return {
         "paths": final,
+        "preact": preact,
         "stats": stats,
         "batch_size": int(opts.batch_size),
         "storage": storage,
@@ -183,9 +195,12 @@ def _compute_layers(
         "bytes_per_layer_pair": need,
         "compute_s": compute_s,
         "compute_cpu_s": compute_cpu_s,
-        "copy_s": copy_s,
         "fsync_s": fsync_s,
     }
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(path.name + ".partial")
 
 
 def _finish(
@@ -203,6 +218,7 @@ def _finish(
         for p in paths:
             p.unlink()
         (run_dir / "layers").rmdir()
+    preact_bytes = sum((run_dir / "layers" / f).stat().st_size for f in layers["preact"])
     emb = np.load(run_dir / "embeddings.npy", mmap_mode="r")
     emb_info = {
         "file": "embeddings.npy",
@@ -223,7 +239,14 @@ def _finish(
         "weights_hash": ck.weights_hash,
         "model_cfg": ck.model_cfg,
         "model_cfg_hash": config_hash(ck.model_cfg),
-        "cache": {"dir": "layers", "files": [p.name for p in paths], "dims": list(ck.model.dims[1:])}
+        "cache": {
+            "dir": "layers",
+            "files": [p.name for p in paths],
+            "dims": list(ck.model.dims[1:]),
+            # conv outputs of hidden layers, what --update propagates a change through (extra disk)
+            "preact": layers["preact"],
+            "preact_bytes": preact_bytes,
+        }
         if opts.cache_layers
         else None,
         **extra_info,
@@ -383,7 +406,8 @@ def _run_update(cfg, opts, device) -> dict:
         t0 = time.time()
         indptr, indices = open_csc(graph)
         changes = read_changes(opts.changes, graph)
-        delta, rep = GraphDelta.load(base / "graph_delta.npz").apply(changes, graph, indptr, indices)
+        old_delta = GraphDelta.load(base / "graph_delta.npz")
+        delta, rep = old_delta.apply(changes, graph, indptr, indices)
         adj = delta.adjacency(indptr, indices)
         rows = affected_rows(
             model.arch,
@@ -402,12 +426,21 @@ def _run_update(cfg, opts, device) -> dict:
             "rows to recompute per layer: "
             + ", ".join(f"layer {a['layer']}: {a['rows']:,} ({a['fraction']:.1%})" for a in affected)
         )
-        features = PatchedFeatures(FeatureStore(graph), delta)
-        todo = [None if len(r) == n else r for r in rows]
-        layers = _compute_layers(
-            model, adj, features, run_dir, n, opts, device, rows=todo, seed_from=base / binfo["cache"]["dir"]
+        store = FeatureStore(graph)
+        cache = base / binfo["cache"]["dir"]
+        base_h = layer_paths(cache, model.num_layers)
+        have_z = set(binfo["cache"].get("preact") or [])  # none in runs made before z was cached
+        inputs = UpdateInputs(
+            adj=adj,
+            adj_old=old_delta.adjacency(indptr, indices),
+            features=PatchedFeatures(store, delta),
+            features_old=PatchedFeatures(store, old_delta),
+            feat_changed=np.unique(rep["changed_feat_nodes"]),
+            base_h=base_h,
+            base_z=[preact_path(p) if preact_path(p).name in have_z else None for p in base_h],
         )
-        layers["compute_s"] += layers["copy_s"] + plan_s  # what the update costs against a full run
+        layers = _compute_layers(model, adj, None, run_dir, n, opts, device, update=(inputs, rows))
+        layers["compute_s"] += plan_s  # what the update costs against a full run
         for a, st in zip(affected, layers["stats"], strict=True):
             # Work follows edges, and nodes a change reaches are the well-connected ones (degree bias).
             a["edges"], a["edge_fraction"] = st.edges, round(st.edges / max(adj.num_edges, 1), 6)
@@ -445,7 +478,6 @@ def _run_update(cfg, opts, device) -> dict:
         changes=applied,
         affected=affected,
         plan_time_s=round(plan_s, 3),
-        copy_time_s=round(layers["copy_s"], 3),
         base_infer_time_s=base_time,
         speedup_vs_base=round(base_time / layers["compute_s"], 2) if base_time else None,
         updated_graph_dir=graph_out,
@@ -470,6 +502,7 @@ def _run_sampled(
     fanouts = resolve_fanouts(list(opts.fanouts), ck.num_layers)
     info(f"sampled inference for {what} ({len(nodes):,}), fanouts {fanouts}")
     model = ck.model.to(device)
+    set_sampling_threads(torch.get_num_threads())  # seeded draws that repeat in any process
     with metered() as meter:
         g = to_dgl_graph(graph)
         t0 = time.time()

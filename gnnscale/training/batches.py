@@ -18,6 +18,7 @@ one in compute (autograd may read it until backward ends), up to prefetch + 1 be
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,7 +114,11 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[Batch]:
         loader = self.make_loader()
-        it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
+        with warnings.catch_warnings():
+            # DGL advises CPU affinity for its worker processes on every epoch of every CPU loader,
+            # workers or not; gnnscale sizes its threads itself (train.num_threads).
+            warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
+            it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
         pending: deque = deque()
         exhausted = False
         try:
