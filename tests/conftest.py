@@ -36,7 +36,13 @@ def build_graph(tmp_path: Path, *overrides: str, csc: bool = True) -> Path:
     return graph_dir
 
 
-TINY_SYNTHETIC = ("data.num_nodes=600", "data.avg_degree=8", "data.feat_dim=8", "data.num_classes=3", "shard.nodes_per_shard=250")
+TINY_SYNTHETIC = (
+    "data.num_nodes=600",
+    "data.avg_degree=8",
+    "data.feat_dim=8",
+    "data.num_classes=3",
+    "shard.nodes_per_shard=250",
+)
 
 
 @pytest.fixture

@@ -27,19 +27,42 @@ def good_nodes(w: ShardWriter, n: int = 10) -> None:
 @pytest.mark.parametrize(
     "feed, message",
     [
-        (lambda w: w.add_edges(np.array([0, 1]), np.array([1, 10])), "edge endpoint 10 is out of range for 10 nodes"),
+        (
+            lambda w: w.add_edges(np.array([0, 1]), np.array([1, 10])),
+            "edge endpoint 10 is out of range for 10 nodes",
+        ),
         (lambda w: w.add_edges(np.array([-1]), np.array([1])), "edge endpoint -1 is out of range"),
-        (lambda w: w.add_nodes(0, np.ones((11, 2), np.float32), np.zeros(11, np.int64), None), "feature rows exceed the node count"),
-        (lambda w: w.add_nodes(0, np.full((10, 2), np.nan, np.float32), np.zeros(10, np.int64), None), "NaN or inf"),
-        (lambda w: w.add_nodes(0, np.full((10, 2), np.inf, np.float32), np.zeros(10, np.int64), None), "NaN or inf"),
-        (lambda w: w.add_nodes(0, np.ones((10, 2), np.float32), np.full(10, 3), None), "label 3 is out of range for 3 classes"),
-        (lambda w: w.add_nodes(0, np.ones((10, 2), np.float32), np.full(10, -2), None), "label -2 is out of range"),
-        (lambda w: w.add_nodes(0, np.ones((10, 3), np.float32), np.zeros(10, np.int64), None), "expected (*, 2)"),
+        (
+            lambda w: w.add_nodes(0, np.ones((11, 2), np.float32), np.zeros(11, np.int64), None),
+            "feature rows exceed the node count",
+        ),
+        (
+            lambda w: w.add_nodes(0, np.full((10, 2), np.nan, np.float32), np.zeros(10, np.int64), None),
+            "NaN or inf",
+        ),
+        (
+            lambda w: w.add_nodes(0, np.full((10, 2), np.inf, np.float32), np.zeros(10, np.int64), None),
+            "NaN or inf",
+        ),
+        (
+            lambda w: w.add_nodes(0, np.ones((10, 2), np.float32), np.full(10, 3), None),
+            "label 3 is out of range for 3 classes",
+        ),
+        (
+            lambda w: w.add_nodes(0, np.ones((10, 2), np.float32), np.full(10, -2), None),
+            "label -2 is out of range",
+        ),
+        (
+            lambda w: w.add_nodes(0, np.ones((10, 3), np.float32), np.zeros(10, np.int64), None),
+            "expected (*, 2)",
+        ),
     ],
 )
 def test_writer_rejects_bad_input(tmp_path, feed, message):
     w = writer(tmp_path)
-    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")) as info:
+    with pytest.raises(
+        DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
+    ) as info:
         feed(w)
     assert info.value.hint  # every user error says how to fix it
     w.abort()
@@ -63,13 +86,17 @@ def test_failure_mid_stream_publishes_nothing(tmp_path, monkeypatch):
         raise DataError("the edge file ends mid-record", "re-download it")
 
     monkeypatch.setattr(SyntheticSource, "edge_chunks", broken)
-    result = runner.invoke(app, ["shard", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'r'}", *TINY_SYNTHETIC])
+    result = runner.invoke(
+        app, ["shard", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'r'}", *TINY_SYNTHETIC]
+    )
     assert result.exit_code == 2 and "error: the edge file ends mid-record; re-download it" in result.stderr
     assert not (tmp_path / "g").exists() and not staging_dir_for(tmp_path / "g").exists()
 
 
 def _shard(tmp_path, *extra):
-    return runner.invoke(app, ["shard", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'r'}", *TINY_SYNTHETIC, *extra])
+    return runner.invoke(
+        app, ["shard", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'r'}", *TINY_SYNTHETIC, *extra]
+    )
 
 
 def test_existing_graph_dir_needs_overwrite(tmp_path):

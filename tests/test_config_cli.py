@@ -20,8 +20,15 @@ def test_defaults_compose_with_synthetic_data():
 
 
 def test_overrides_apply_and_interpolate():
-    cfg = compose_config("shard", ["data=planetoid", "data.path=/x", "data.name=cora", "shard.nodes_per_shard=7"])
-    assert (cfg.data.source, cfg.data.path, cfg.graph_dir, cfg.shard.nodes_per_shard) == ("planetoid", "/x", "graphs/cora", 7)
+    cfg = compose_config(
+        "shard", ["data=planetoid", "data.path=/x", "data.name=cora", "shard.nodes_per_shard=7"]
+    )
+    assert (cfg.data.source, cfg.data.path, cfg.graph_dir, cfg.shard.nodes_per_shard) == (
+        "planetoid",
+        "/x",
+        "graphs/cora",
+        7,
+    )
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,10 @@ def test_layerwise_equals_full_graph_forward(tmp_path, graph, ckpt, storage):
         "infer.batch_size=97",
         "infer.probabilities=true",
     )
-    assert s["files"]["probabilities"] == "probabilities.npy" and s["embeddings"] == {"shape": [600, 16], "layer": 1}
+    assert s["files"]["probabilities"] == "probabilities.npy" and s["embeddings"] == {
+        "shape": [600, 16],
+        "layer": 1,
+    }
     ref = reference_layers(ckpt, graph)
     run = tmp_path / "run"
     emb = np.load(run / "embeddings.npy")

@@ -41,7 +41,10 @@ def reference_csc(n: int, src, dst) -> sp.csc_matrix:
 def load_graph(graph_dir: Path) -> dict:
     g = GraphDir(graph_dir)
     parts = [g.shard(i) for i in range(g.num_shards)]
-    cat = {k: np.concatenate([p[k].numpy() for p in parts]) for k in ("feat", "label", "train_mask", "val_mask", "test_mask")}
+    cat = {
+        k: np.concatenate([p[k].numpy() for p in parts])
+        for k in ("feat", "label", "train_mask", "val_mask", "test_mask")
+    }
     indptr, indices = open_csc(g)
     return {"meta": g.meta, "indptr": np.asarray(indptr), "indices": np.asarray(indices), **cat}
 
@@ -95,7 +98,9 @@ def kipf_reference(folder: Path, name: str) -> tuple[np.ndarray, np.ndarray, sp.
     raw = {}
     for part in ("x", "tx", "allx", "y", "ty", "ally", "graph"):
         with open(folder / f"ind.{name}.{part}", "rb") as fh:
-            raw[part] = pickle.load(fh, encoding="latin1")  # trusted fixture; the source uses its own unpickler
+            raw[part] = pickle.load(
+                fh, encoding="latin1"
+            )  # trusted fixture; the source uses its own unpickler
     order = np.loadtxt(folder / f"ind.{name}.test.index", dtype=np.int64)
     ordered = np.sort(order)
     full = np.arange(ordered.min(), ordered.max() + 1)
@@ -124,7 +129,13 @@ def test_planetoid_real(tmp_path, folder, name, nodes, edges, feats, classes, sp
     path = shared_data(folder)
     got = load_graph(build_graph(tmp_path, "data=planetoid", f"data.path={path}"))
     meta = got["meta"]
-    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == (name, nodes, edges, feats, classes)
+    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == (
+        name,
+        nodes,
+        edges,
+        feats,
+        classes,
+    )
     assert split_counts(meta) == splits and meta["splits"]["origin"] == "source"
     feat, label, ref = kipf_reference(path, name)
     assert_same_edges(got, ref)
@@ -213,10 +224,18 @@ def test_npz_gnnbench_cora_real(tmp_path):
     path = shared_data("gnnbench_cora") / "cora.npz"
     got = load_graph(build_graph(tmp_path, "data=npz", f"data.path={path}"))
     meta = got["meta"]
-    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == ("cora", 2708, 10556, 1433, 7)
+    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == (
+        "cora",
+        2708,
+        10556,
+        1433,
+        7,
+    )
     assert meta["splits"]["origin"] == "random" and sum(split_counts(meta)) == 2708
     z = np.load(path)
-    adj = sp.csr_matrix((z["adj_data"], z["adj_indices"], z["adj_indptr"]), shape=tuple(z["adj_shape"])).tocoo()
+    adj = sp.csr_matrix(
+        (z["adj_data"], z["adj_indices"], z["adj_indptr"]), shape=tuple(z["adj_shape"])
+    ).tocoo()
     assert_same_edges(got, reference_csc(2708, adj.row, adj.col))
     attr = sp.csr_matrix((z["attr_data"], z["attr_indices"], z["attr_indptr"]), shape=tuple(z["attr_shape"]))
     np.testing.assert_array_equal(got["feat"], attr.toarray())
@@ -227,7 +246,13 @@ def test_npz_tolokers_real(tmp_path):
     path = shared_data("het_tolokers") / "tolokers.npz"
     got = load_graph(build_graph(tmp_path, "data=npz", f"data.path={path.parent}", "data.split_index=3"))
     meta = got["meta"]
-    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == ("tolokers", 11758, 1038000, 10, 2)
+    assert (meta["name"], meta["num_nodes"], meta["num_edges"], meta["feat_dim"], meta["num_classes"]) == (
+        "tolokers",
+        11758,
+        1038000,
+        10,
+        2,
+    )
     z = np.load(path)
     assert split_counts(meta) == tuple(int(z[k][3].sum()) for k in ("train_masks", "val_masks", "test_masks"))
     np.testing.assert_array_equal(got["train_mask"], z["train_masks"][3])
@@ -238,29 +263,56 @@ def test_npz_tolokers_real(tmp_path):
 def test_npz_tiny_benchmark_layout(tmp_path):
     n, f = 90, 6
     src, dst = random_graph(n, 300)
-    adj = sp.csr_matrix((np.ones(len(src), np.float32), (src, dst)), shape=(n, n))  # duplicates summed by scipy
+    adj = sp.csr_matrix(
+        (np.ones(len(src), np.float32), (src, dst)), shape=(n, n)
+    )  # duplicates summed by scipy
     attr = sp.random(n, f, density=0.3, format="csr", random_state=1, dtype=np.float32)
     labels = np.random.default_rng(2).integers(0, 4, n)
     labels[:5] = -1
     path = tmp_path / "toy.npz"
-    np.savez(path, adj_data=adj.data, adj_indices=adj.indices, adj_indptr=adj.indptr, adj_shape=adj.shape,
-             attr_data=attr.data, attr_indices=attr.indices, attr_indptr=attr.indptr, attr_shape=attr.shape, labels=labels)
-    got = shard(tmp_path, "data=npz", f"data.path={path}", "data.chunk_edges=17", "data.split_fractions=[0.5,0.25,0.25]")
+    np.savez(
+        path,
+        adj_data=adj.data,
+        adj_indices=adj.indices,
+        adj_indptr=adj.indptr,
+        adj_shape=adj.shape,
+        attr_data=attr.data,
+        attr_indices=attr.indices,
+        attr_indptr=attr.indptr,
+        attr_shape=attr.shape,
+        labels=labels,
+    )
+    got = shard(
+        tmp_path,
+        "data=npz",
+        f"data.path={path}",
+        "data.chunk_edges=17",
+        "data.split_fractions=[0.5,0.25,0.25]",
+    )
     meta = got["meta"]
     assert (meta["name"], meta["num_nodes"], meta["feat_dim"], meta["num_classes"]) == ("toy", n, f, 4)
     assert meta["splits"]["origin"] == "random" and sum(split_counts(meta)) == n - 5
-    assert not (got["train_mask"] | got["val_mask"] | got["test_mask"])[:5].any()  # unlabelled nodes are in no split
+    assert not (got["train_mask"] | got["val_mask"] | got["test_mask"])[
+        :5
+    ].any()  # unlabelled nodes are in no split
     assert_same_edges(got, reference_csc(n, src, dst))
     np.testing.assert_array_equal(got["feat"], attr.toarray())
 
 
 def write_hetero(path: Path, n: int = 80, splits: int = 3, **replace) -> dict:
     rng = np.random.default_rng(3)
-    arrays = {"node_features": rng.standard_normal((n, 4)).astype(np.float32), "node_labels": rng.integers(0, 2, n)}
+    arrays = {
+        "node_features": rng.standard_normal((n, 4)).astype(np.float32),
+        "node_labels": rng.integers(0, 2, n),
+    }
     src, dst = random_graph(n, 200)
     arrays["edges"] = np.stack([src, dst], axis=1)
     perm = np.stack([rng.permutation(n) for _ in range(splits)])
-    arrays["train_masks"], arrays["val_masks"], arrays["test_masks"] = perm < 40, (perm >= 40) & (perm < 60), perm >= 60
+    arrays["train_masks"], arrays["val_masks"], arrays["test_masks"] = (
+        perm < 40,
+        (perm >= 40) & (perm < 60),
+        perm >= 60,
+    )
     arrays.update(replace)
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     return arrays
@@ -277,7 +329,9 @@ def test_npz_tiny_hetero_layout(tmp_path):
     np.testing.assert_array_equal(got["val_mask"], arrays["val_masks"][2])
     assert_same_edges(got, reference_csc(80, arrays["edges"][:, 0], arrays["edges"][:, 1]))
     # use_source_split=false ignores the shipped masks.
-    again = load_graph(build_graph(tmp_path / "r", "data=npz", f"data.path={folder}", "data.use_source_split=false"))
+    again = load_graph(
+        build_graph(tmp_path / "r", "data=npz", f"data.path={folder}", "data.use_source_split=false")
+    )
     assert again["meta"]["splits"]["origin"] == "random"
 
 
@@ -294,7 +348,12 @@ def test_npz_bad_inputs(tmp_path):
     assert "expected integers" in shard_fails(tmp_path, "data=npz", f"data.path={path}").message
     np.savez(path, foo=np.zeros(3))
     assert "unknown .npz layout" in shard_fails(tmp_path, "data=npz", f"data.path={path}").message
-    np.savez(path, node_features=np.array([{"a": 1}], dtype=object), node_labels=np.zeros(1), edges=np.zeros((0, 2), int))
+    np.savez(
+        path,
+        node_features=np.array([{"a": 1}], dtype=object),
+        node_labels=np.zeros(1),
+        edges=np.zeros((0, 2), int),
+    )
     assert "unreadable" in shard_fails(tmp_path, "data=npz", f"data.path={path}").message
     path.write_bytes(b"garbage")
     assert "cannot read" in shard_fails(tmp_path, "data=npz", f"data.path={path}").message
@@ -303,14 +362,25 @@ def test_npz_bad_inputs(tmp_path):
 
 
 # ---------------------------------------------------------------- edgelist
-def write_edges(path: Path, src, dst, sep: str = ",", header: str | None = None, comment: str | None = None) -> None:
-    lines = ([comment] if comment else []) + ([header] if header else []) + [f"{u}{sep}{v}" for u, v in zip(src, dst, strict=True)]
+def write_edges(
+    path: Path, src, dst, sep: str = ",", header: str | None = None, comment: str | None = None
+) -> None:
+    lines = (
+        ([comment] if comment else [])
+        + ([header] if header else [])
+        + [f"{u}{sep}{v}" for u, v in zip(src, dst, strict=True)]
+    )
     path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.mark.parametrize(
     "sep, header, comment, delimiter",
-    [(",", "src,dst", None, "auto"), ("\t", None, None, "auto"), (" ", None, "# SNAP-style comment", "auto"), ("\t", "from\tto", None, "tab")],
+    [
+        (",", "src,dst", None, "auto"),
+        ("\t", None, None, "auto"),
+        (" ", None, "# SNAP-style comment", "auto"),
+        ("\t", "from\tto", None, "tab"),
+    ],
     ids=["csv-header", "tsv", "space-comment", "tsv-header-explicit"],
 )
 def test_edgelist_formats(tmp_path, sep, header, comment, delimiter):
@@ -323,8 +393,16 @@ def test_edgelist_formats(tmp_path, sep, header, comment, delimiter):
     np.save(tmp_path / "f.npy", feat)
     np.save(tmp_path / "y.npy", labels)
     np.save(tmp_path / "s.npy", split)
-    got = shard(tmp_path, "data=edgelist", f"data.path={tmp_path / 'edges.txt'}", f"data.features={tmp_path / 'f.npy'}",
-                f"data.labels={tmp_path / 'y.npy'}", f"data.split={tmp_path / 's.npy'}", f"data.delimiter={delimiter}", "data.chunk_edges=40")
+    got = shard(
+        tmp_path,
+        "data=edgelist",
+        f"data.path={tmp_path / 'edges.txt'}",
+        f"data.features={tmp_path / 'f.npy'}",
+        f"data.labels={tmp_path / 'y.npy'}",
+        f"data.split={tmp_path / 's.npy'}",
+        f"data.delimiter={delimiter}",
+        "data.chunk_edges=40",
+    )
     meta = got["meta"]
     assert (meta["name"], meta["num_nodes"], meta["feat_dim"], meta["num_classes"]) == ("edges", n, 3, 3)
     assert meta["input_edges"] == len(src)  # a header or comment line is never read as an edge
@@ -339,10 +417,17 @@ def test_edgelist_random_features_and_split(tmp_path):
     with gzip.open(tmp_path / "e.csv.gz", "wt") as fh:
         fh.write("".join(f"{u},{v}\n" for u, v in zip(src, dst, strict=True)))
     np.save(tmp_path / "y.npy", np.arange(50) % 4)
-    args = ("data=edgelist", f"data.path={tmp_path / 'e.csv.gz'}", f"data.labels={tmp_path / 'y.npy'}", "data.feat_dim=5")
+    args = (
+        "data=edgelist",
+        f"data.path={tmp_path / 'e.csv.gz'}",
+        f"data.labels={tmp_path / 'y.npy'}",
+        "data.feat_dim=5",
+    )
     a = shard(tmp_path / "a", *args)
     b = shard(tmp_path / "b", *args)
-    assert a["meta"]["name"] == "e" and a["meta"]["feat_dim"] == 5 and a["meta"]["splits"]["origin"] == "random"
+    assert (
+        a["meta"]["name"] == "e" and a["meta"]["feat_dim"] == 5 and a["meta"]["splits"]["origin"] == "random"
+    )
     assert sum(split_counts(a["meta"])) == 50
     np.testing.assert_array_equal(a["feat"], b["feat"])  # seeded: the same every time
     assert a["feat"].std() > 0.5
@@ -359,11 +444,17 @@ def test_edgelist_bad_inputs(tmp_path):
     labels = f"data.labels={tmp_path / 'y.npy'}"
     err = shard_fails(tmp_path, *base)
     assert "no labels" in err.message and "data.labels=" in err.hint
-    assert "5 rows but the label file has 4" in shard_fails(tmp_path, *base, labels, f"data.features={tmp_path / 'f5.npy'}").message
+    assert (
+        "5 rows but the label file has 4"
+        in shard_fails(tmp_path, *base, labels, f"data.features={tmp_path / 'f5.npy'}").message
+    )
     assert "data.num_nodes=9" in shard_fails(tmp_path, *base, labels, "data.num_nodes=9").message
     assert "does not exist" in shard_fails(tmp_path, *base, f"data.labels={tmp_path / 'nope.npy'}").message
     np.save(tmp_path / "s.npy", np.array([0, 1, 5, 2]))
-    assert "split file holds 5" in shard_fails(tmp_path, *base, labels, f"data.split={tmp_path / 's.npy'}").message
+    assert (
+        "split file holds 5"
+        in shard_fails(tmp_path, *base, labels, f"data.split={tmp_path / 's.npy'}").message
+    )
     np.save(tmp_path / "yf.npy", np.array([0.0, 1.5, 2.0, 0.0]))
     assert "non-integer" in shard_fails(tmp_path, *base, f"data.labels={tmp_path / 'yf.npy'}").message
     (tmp_path / "e.csv").write_text("0,1\n1,x\n")
@@ -390,7 +481,9 @@ def test_dgl_graph(tmp_path):
     other.ndata["x"], other.ndata["y"] = torch.zeros(2, 4), torch.zeros(2, dtype=torch.long)
     path = tmp_path / "g.bin"
     dgl.save_graphs(str(path), [other, g])
-    got = shard(tmp_path, "data=dgl", f"data.path={path}", "data.graph_index=1", "data.feat_key=x", "data.label_key=y")
+    got = shard(
+        tmp_path, "data=dgl", f"data.path={path}", "data.graph_index=1", "data.feat_key=x", "data.label_key=y"
+    )
     meta = got["meta"]
     assert (meta["name"], meta["num_nodes"], meta["feat_dim"], meta["num_classes"]) == ("g", n, 4, 3)
     assert split_counts(meta) == (30, 0, 10)
@@ -399,7 +492,10 @@ def test_dgl_graph(tmp_path):
 
     err = shard_fails(tmp_path, "data=dgl", f"data.path={path}", "data.graph_index=1")
     assert "no node data 'feat'" in err.message and "x, y" in err.message
-    assert "graph_index=5 is out of range" in shard_fails(tmp_path, "data=dgl", f"data.path={path}", "data.graph_index=5").message
+    assert (
+        "graph_index=5 is out of range"
+        in shard_fails(tmp_path, "data=dgl", f"data.path={path}", "data.graph_index=5").message
+    )
     hetero = dgl.heterograph({("a", "r", "b"): (torch.tensor([0]), torch.tensor([0]))})
     dgl.save_graphs(str(tmp_path / "h.bin"), [hetero])
     assert "heterogeneous" in shard_fails(tmp_path, "data=dgl", f"data.path={tmp_path / 'h.bin'}").message
@@ -430,8 +526,15 @@ def write_ogb(root: Path, n: int = 75, count_file: bool = True, splits=("time",)
     for name in splits:
         for part, ids in zip(("train", "valid", "test"), (perm[:40], perm[40:55], perm[55:70]), strict=True):
             write_gz(root / "split" / name / f"{part}.csv.gz", ids)
-    return {"src": src, "dst": dst, "feat": np.loadtxt(gzip.open(root / "raw" / "node-feat.csv.gz"), delimiter=",", dtype=np.float32, ndmin=2),
-            "labels": np.where(np.isnan(labels), -1, labels).astype(np.int64), "train": perm[:40]}
+    return {
+        "src": src,
+        "dst": dst,
+        "feat": np.loadtxt(
+            gzip.open(root / "raw" / "node-feat.csv.gz"), delimiter=",", dtype=np.float32, ndmin=2
+        ),
+        "labels": np.where(np.isnan(labels), -1, labels).astype(np.int64),
+        "train": perm[:40],
+    }
 
 
 @pytest.mark.parametrize("count_file", [True, False], ids=["num-node-list", "count-label-rows"])
@@ -456,15 +559,27 @@ def test_ogb_bad_inputs(tmp_path):
     write_ogb(root, splits=("a", "b"))
     err = shard_fails(tmp_path, "data=ogb", f"data.path={root}")
     assert "several splits: a, b" in err.message and "data.split_name=" in err.hint
-    assert split_counts(load_graph(build_graph(tmp_path / "ok", "data=ogb", f"data.path={root}", "data.split_name=b"))["meta"]) == (40, 15, 15)
-    assert "no split 'c'" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=c").message
+    assert split_counts(
+        load_graph(build_graph(tmp_path / "ok", "data=ogb", f"data.path={root}", "data.split_name=b"))["meta"]
+    ) == (40, 15, 15)
+    assert (
+        "no split 'c'" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=c").message
+    )
     write_gz(root / "raw" / "num-node-list.csv.gz", [80])
-    assert "75 rows for 80 nodes" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    assert (
+        "75 rows for 80 nodes"
+        in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    )
     write_gz(root / "raw" / "num-node-list.csv.gz", [75])
     write_gz(root / "raw" / "node-label.csv.gz", ["1.5"] * 75)
-    assert "not a class id" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    assert (
+        "not a class id"
+        in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    )
     (root / "raw" / "edge.csv.gz").unlink()
-    assert "edge.csv.gz" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    assert (
+        "edge.csv.gz" in shard_fails(tmp_path, "data=ogb", f"data.path={root}", "data.split_name=a").message
+    )
 
 
 # ---------------------------------------------------------------- the CLI
@@ -497,5 +612,10 @@ def test_cli_bad_input_exit_2_one_line(tmp_path, case):
 def test_meta_records_source_provenance(tmp_path):
     path = tmp_path / "het.npz"
     write_hetero(path)
-    meta = json.loads((build_graph(tmp_path, "data=npz", f"data.path={path}", "data.split_index=1", csc=False) / "meta.json").read_text())
+    meta = json.loads(
+        (
+            build_graph(tmp_path, "data=npz", f"data.path={path}", "data.split_index=1", csc=False)
+            / "meta.json"
+        ).read_text()
+    )
     assert meta["source"] == {"kind": "npz", "path": str(path), "layout": "heterophilous", "split_index": 1}

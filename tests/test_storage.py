@@ -37,7 +37,12 @@ def source_edges(*overrides: str):
 
 def test_meta_and_shards_follow_the_contract(tiny_graph):
     meta = json.loads((tiny_graph / "meta.json").read_text())
-    assert meta["format_version"] == 1 and meta["num_nodes"] == 600 and meta["feat_dim"] == 8 and meta["num_classes"] == 3
+    assert (
+        meta["format_version"] == 1
+        and meta["num_nodes"] == 600
+        and meta["feat_dim"] == 8
+        and meta["num_classes"] == 3
+    )
     assert [(s["node_start"], s["node_end"]) for s in meta["shards"]] == [(0, 250), (250, 500), (500, 600)]
     assert meta["splits"]["train"] + meta["splits"]["val"] + meta["splits"]["test"] == 600
     total = 0
@@ -99,7 +104,9 @@ def test_feature_store_gathers_equal_direct_indexing(tiny_graph, in_memory):
     graph = GraphDir(tiny_graph)
     full = torch.cat([graph.shard(i)["feat"] for i in range(graph.num_shards)])
     store = FeatureStore(graph, in_memory=in_memory)
-    ids = torch.from_numpy(np.random.default_rng(0).integers(0, 600, size=1000))  # repeats, all shards, any order
+    ids = torch.from_numpy(
+        np.random.default_rng(0).integers(0, 600, size=1000)
+    )  # repeats, all shards, any order
     assert torch.equal(store.gather(ids), full[ids])
     assert store.gather(torch.tensor([], dtype=torch.int64)).shape == (0, 8)
     with pytest.raises(IndexError):
@@ -127,4 +134,6 @@ def test_random_split_follows_fractions_and_seed(tmp_path):
     g = build_graph(tmp_path, *TINY_SYNTHETIC, "data.split_fractions=[0.5,0.25,0.25]", csc=False)
     splits = GraphDir(g).meta["splits"]
     assert splits["origin"] == "random"
-    assert abs(splits["train"] - 300) < 45 and abs(splits["val"] - 150) < 40 and abs(splits["test"] - 150) < 40
+    assert (
+        abs(splits["train"] - 300) < 45 and abs(splits["val"] - 150) < 40 and abs(splits["test"] - 150) < 40
+    )

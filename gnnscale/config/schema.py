@@ -40,7 +40,9 @@ class SyntheticDataConfig(DataConfig):
     num_classes: int = 8
     homophily: float = 0.75  # probability an edge stays inside its community (= class)
     power_law_exponent: float = 2.5  # degree propensity ~ Pareto; smaller = heavier tail
-    feature_signal: float = 0.3  # class-mean scale vs unit Gaussian noise (0.3: features alone ~0.79 acc, SAGE ~0.99)
+    feature_signal: float = (
+        0.3  # class-mean scale vs unit Gaussian noise (0.3: features alone ~0.79 acc, SAGE ~0.99)
+    )
     seed: int = 0
     use_source_split: bool = False
 
@@ -214,7 +216,9 @@ class TrainOptions:
     step_gamma: float = 0.5  # ... by this factor
     grad_clip: float = 1.0  # max global gradient norm, applied before optimizer.step(); 0 = off
     class_weights: bool = False  # weight the loss by inverse train-label frequency
-    input_dropout: float = 0.0  # dropout on the input features while training (sparse bag-of-words graphs like it)
+    input_dropout: float = (
+        0.0  # dropout on the input features while training (sparse bag-of-words graphs like it)
+    )
     num_workers: int = 0  # DGL DataLoader sampling processes (0 = sample in this process)
     # Batches whose features are gathered ahead in a background thread; 0 = inline. -1 = auto: 2 on a GPU
     # (the CPU is otherwise idle while it computes), 0 on CPU (a gather thread would steal the cores the
@@ -271,7 +275,12 @@ STAGE_SCHEMAS = {
 }
 
 # group -> option -> schema; each configs/<group>/<option>.yaml lists `<option>_schema` first.
-GROUP_SCHEMAS = {"data": DATA_SCHEMAS, "model": MODEL_SCHEMAS, "sampler": SAMPLER_SCHEMAS, "precision": PRECISION_SCHEMAS}
+GROUP_SCHEMAS = {
+    "data": DATA_SCHEMAS,
+    "model": MODEL_SCHEMAS,
+    "sampler": SAMPLER_SCHEMAS,
+    "precision": PRECISION_SCHEMAS,
+}
 
 _registered = False
 

@@ -56,12 +56,20 @@ def blocks_from_arrays(feat, label, split=None, block_rows: int = 65536) -> Iter
     n = len(feat)
     for lo in range(0, n, block_rows):
         hi = min(lo + block_rows, n)
-        yield NodeBlock(lo, np.asarray(feat[lo:hi]), np.asarray(label[lo:hi]), None if split is None else np.asarray(split[lo:hi]))
+        yield NodeBlock(
+            lo,
+            np.asarray(feat[lo:hi]),
+            np.asarray(label[lo:hi]),
+            None if split is None else np.asarray(split[lo:hi]),
+        )
 
 
 def chunks_from_arrays(src, dst, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for lo in range(0, len(src), chunk):
-        yield np.asarray(src[lo : lo + chunk], dtype=np.int64), np.asarray(dst[lo : lo + chunk], dtype=np.int64)
+        yield (
+            np.asarray(src[lo : lo + chunk], dtype=np.int64),
+            np.asarray(dst[lo : lo + chunk], dtype=np.int64),
+        )
 
 
 def split_from_masks(n: int, train, val, test) -> np.ndarray:
@@ -70,7 +78,9 @@ def split_from_masks(n: int, train, val, test) -> np.ndarray:
     for code, mask in enumerate((train, val, test)):
         mask = np.asarray(mask, dtype=bool)
         if len(mask) != n:
-            raise DataError(f"a split mask has {len(mask)} entries for {n} nodes", "masks need one entry per node")
+            raise DataError(
+                f"a split mask has {len(mask)} entries for {n} nodes", "masks need one entry per node"
+            )
         if (split[mask] != -1).any():
             raise DataError("a node is in more than one of train/val/test", "make the split masks disjoint")
         split[mask] = code

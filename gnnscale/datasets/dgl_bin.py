@@ -37,21 +37,32 @@ def load_graph(path, index: int):
     import dgl
 
     if index < 0:
-        raise DataError(f"data.graph_index={index} must be >= 0", "use data.graph_index=0 for the first graph")
+        raise DataError(
+            f"data.graph_index={index} must be >= 0", "use data.graph_index=0 for the first graph"
+        )
     try:
         graphs, _ = dgl.load_graphs(str(path), [index])
     except Exception as exc:  # DGLError for a bad file or an index past the end
         reason = _dgl_message(exc)
         if "out of bound" in reason:
-            raise DataError(f"data.graph_index={index} is out of range for '{path}'", "pick an index of a graph the file holds (0 = first)") from None
-        raise DataError(f"cannot read '{path}' as a dgl.save_graphs file: {reason}", "check data.path= points at a file written by dgl.save_graphs") from None
+            raise DataError(
+                f"data.graph_index={index} is out of range for '{path}'",
+                "pick an index of a graph the file holds (0 = first)",
+            ) from None
+        raise DataError(
+            f"cannot read '{path}' as a dgl.save_graphs file: {reason}",
+            "check data.path= points at a file written by dgl.save_graphs",
+        ) from None
     return graphs[0]
 
 
 def _tensor(g, key: str, what: str, cfg_key: str) -> np.ndarray:
     if key not in g.ndata:
         have = ", ".join(sorted(g.ndata.keys())) or "none"
-        raise DataError(f"the DGL graph has no node data '{key}' ({what}); it has: {have}", f"set {cfg_key}= to one of them")
+        raise DataError(
+            f"the DGL graph has no node data '{key}' ({what}); it has: {have}",
+            f"set {cfg_key}= to one of them",
+        )
     return g.ndata[key].detach().cpu().numpy()
 
 
@@ -59,17 +70,27 @@ def labels_of(raw: np.ndarray, n: int, key: str) -> np.ndarray:
     if raw.ndim == 2 and raw.shape[1] == 1:
         raw = raw[:, 0]
     if raw.ndim != 1:
-        raise DataError(f"node data '{key}' has shape {raw.shape}, expected [N] class ids", "store one integer class per node (multi-label is not supported)")
+        raise DataError(
+            f"node data '{key}' has shape {raw.shape}, expected [N] class ids",
+            "store one integer class per node (multi-label is not supported)",
+        )
     if raw.dtype.kind == "f":
         nan = np.isnan(raw)
         if (raw[~nan] != np.round(raw[~nan])).any():
-            raise DataError(f"node data '{key}' holds non-integer labels", "store integer class ids (-1 or NaN = unlabelled)")
+            raise DataError(
+                f"node data '{key}' holds non-integer labels",
+                "store integer class ids (-1 or NaN = unlabelled)",
+            )
         raw = np.where(nan, -1, raw)
     elif raw.dtype.kind not in "iub":
-        raise DataError(f"node data '{key}' has dtype {raw.dtype}, expected integers", "store integer class ids")
+        raise DataError(
+            f"node data '{key}' has dtype {raw.dtype}, expected integers", "store integer class ids"
+        )
     label = raw.astype(np.int64)
     if len(label) != n:
-        raise DataError(f"node data '{key}' has {len(label)} entries for {n} nodes", "labels need one entry per node")
+        raise DataError(
+            f"node data '{key}' has {len(label)} entries for {n} nodes", "labels need one entry per node"
+        )
     return label
 
 
@@ -88,7 +109,10 @@ class DglSource(Source):
         n = int(g.num_nodes())
         feat = _tensor(g, cfg.feat_key, "features", "data.feat_key")
         if feat.ndim != 2 or feat.dtype.kind not in "fiub" or len(feat) != n:
-            raise DataError(f"node data '{cfg.feat_key}' has shape {feat.shape} ({feat.dtype}) for {n} nodes", "features must be a numeric [N, F] tensor")
+            raise DataError(
+                f"node data '{cfg.feat_key}' has shape {feat.shape} ({feat.dtype}) for {n} nodes",
+                "features must be a numeric [N, F] tensor",
+            )
         self._feat = feat
         self._label = labels_of(_tensor(g, cfg.label_key, "labels", "data.label_key"), n, cfg.label_key)
         self._split = self._masks(g, n) if cfg.use_source_split else None
@@ -102,7 +126,10 @@ class DglSource(Source):
         if not present:
             return None  # none shipped: the writer makes the seeded random split
         # A graph may ship only some masks (e.g. no val): the missing ones are empty.
-        masks = [g.ndata[k].numpy().astype(bool).reshape(-1) if k in present else np.zeros(n, dtype=bool) for k in MASK_KEYS]
+        masks = [
+            g.ndata[k].numpy().astype(bool).reshape(-1) if k in present else np.zeros(n, dtype=bool)
+            for k in MASK_KEYS
+        ]
         return split_from_masks(n, *masks)
 
     def node_blocks(self) -> Iterator[NodeBlock]:
@@ -112,4 +139,9 @@ class DglSource(Source):
         return chunks_from_arrays(self._src, self._dst, self.chunk_edges)
 
     def describe(self) -> dict:
-        return {"path": str(self.path), "graph_index": int(self.cfg.graph_index), "feat_key": self.cfg.feat_key, "label_key": self.cfg.label_key}
+        return {
+            "path": str(self.path),
+            "graph_index": int(self.cfg.graph_index),
+            "feat_key": self.cfg.feat_key,
+            "label_key": self.cfg.label_key,
+        }

@@ -20,7 +20,16 @@ from gnnscale.datasets.base import NodeBlock, Source, require_file
 from gnnscale.errors import DataError
 
 BLOCK_ROWS = 65536
-DELIMITERS = {",": ",", "comma": ",", "tab": "\t", "\t": "\t", "\\t": "\t", "space": r"\s+", " ": r"\s+", ";": ";"}
+DELIMITERS = {
+    ",": ",",
+    "comma": ",",
+    "tab": "\t",
+    "\t": "\t",
+    "\\t": "\t",
+    "space": r"\s+",
+    " ": r"\s+",
+    ";": ";",
+}
 EDGE_HINT = "each line must be two integer node ids 'src,dst' (CSV or TSV, an optional header line)"
 
 
@@ -50,7 +59,10 @@ def detect_delimiter(line: str, setting: str) -> str:
             return char
     if len(line.split()) >= 2:
         return r"\s+"
-    raise DataError(f"cannot tell the delimiter of the edge file from its first line {line!r}", EDGE_HINT + "; or set data.delimiter=")
+    raise DataError(
+        f"cannot tell the delimiter of the edge file from its first line {line!r}",
+        EDGE_HINT + "; or set data.delimiter=",
+    )
 
 
 def _fields(line: str, sep: str) -> list[str]:
@@ -73,7 +85,10 @@ def load_npy(path_value, what: str, key: str) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"cannot read {what} '{path}' as .npy: {exc}", f"save it with numpy.save as a numeric array and pass {key}=") from None
+        raise DataError(
+            f"cannot read {what} '{path}' as .npy: {exc}",
+            f"save it with numpy.save as a numeric array and pass {key}=",
+        ) from None
 
 
 def as_labels(raw: np.ndarray, what: str = "labels") -> np.ndarray:
@@ -81,25 +96,44 @@ def as_labels(raw: np.ndarray, what: str = "labels") -> np.ndarray:
     if raw.ndim == 2 and raw.shape[1] == 1:
         raw = raw[:, 0]
     if raw.ndim != 1:
-        raise DataError(f"{what} have shape {raw.shape}, expected [N]", "store one integer label per node (-1 = unlabelled)")
+        raise DataError(
+            f"{what} have shape {raw.shape}, expected [N]",
+            "store one integer label per node (-1 = unlabelled)",
+        )
     if raw.dtype.kind in "iub":
         label = np.asarray(raw, dtype=np.int64)
     elif raw.dtype.kind == "f":
         vals = np.asarray(raw, dtype=np.float64)
         nan = np.isnan(vals)
         if (vals[~nan] != np.round(vals[~nan])).any():
-            raise DataError(f"{what} hold non-integer values", "store integer class ids (-1 or NaN = unlabelled)")
+            raise DataError(
+                f"{what} hold non-integer values", "store integer class ids (-1 or NaN = unlabelled)"
+            )
         label = np.where(nan, -1, vals).astype(np.int64)
     else:
-        raise DataError(f"{what} have dtype {raw.dtype}, expected integers", "store integer class ids (-1 = unlabelled)")
+        raise DataError(
+            f"{what} have dtype {raw.dtype}, expected integers", "store integer class ids (-1 = unlabelled)"
+        )
     if len(label) and label.min() < -1:
-        raise DataError(f"{what} hold {int(label.min())}", "use -1 for unlabelled nodes and 0..C-1 for classes")
+        raise DataError(
+            f"{what} hold {int(label.min())}", "use -1 for unlabelled nodes and 0..C-1 for classes"
+        )
     return label
 
 
-def read_edge_chunks(path: Path, sep: str, header: bool, chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def read_edge_chunks(
+    path: Path, sep: str, header: bool, chunk: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Stream (src, dst) chunks; a bad line becomes one DataError naming the file."""
-    reader_args = dict(sep=sep, header=0 if header else None, usecols=[0, 1], dtype=np.int64, comment="#", chunksize=chunk, engine="c")
+    reader_args = dict(
+        sep=sep,
+        header=0 if header else None,
+        usecols=[0, 1],
+        dtype=np.int64,
+        comment="#",
+        chunksize=chunk,
+        engine="c",
+    )
     try:
         with pd.read_csv(path, **reader_args) as reader:
             for frame in reader:
@@ -107,7 +141,9 @@ def read_edge_chunks(path: Path, sep: str, header: bool, chunk: int) -> Iterator
                 yield values[:, 0].copy(), values[:, 1].copy()
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError, OverflowError) as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise DataError(f"edge file '{path}' has a malformed line or a non-integer node id ({detail})", EDGE_HINT) from None
+        raise DataError(
+            f"edge file '{path}' has a malformed line or a non-integer node id ({detail})", EDGE_HINT
+        ) from None
     except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a truncated/corrupt .gz
         raise DataError(f"cannot read edge file '{path}': {exc}", "check data.path=") from None
 
@@ -117,7 +153,9 @@ class EdgelistSource(Source):
         self.cfg = cfg
         self.path = require_file(cfg.path, "edge file")
         if self.path.is_dir():
-            raise DataError(f"data.path='{self.path}' is a folder", "point data.path= at the CSV/TSV edge file")
+            raise DataError(
+                f"data.path='{self.path}' is a folder", "point data.path= at the CSV/TSV edge file"
+            )
         stem = self.path.name[: -len(".gz")] if self.path.name.endswith(".gz") else self.path.name
         self.name = Path(stem).stem if cfg.name in ("auto", "", None) else str(cfg.name)
         self.chunk_edges = int(cfg.chunk_edges)
@@ -126,13 +164,19 @@ class EdgelistSource(Source):
         self.header = has_header(line, self.sep)
         if not cfg.labels:
             # Without labels every node would be unlabelled, and nothing could be trained or scored.
-            raise DataError("an edge list carries no labels", "give a label file: data.labels=labels.npy ([N] integers, -1 = unlabelled)")
+            raise DataError(
+                "an edge list carries no labels",
+                "give a label file: data.labels=labels.npy ([N] integers, -1 = unlabelled)",
+            )
         self._label = as_labels(load_npy(cfg.labels, "label file", "data.labels"))
         self._feat = self._load_features()
         self.num_nodes = self._count_nodes()
         self.feat_dim = int(self._feat.shape[1]) if self._feat is not None else int(cfg.feat_dim)
         if self.feat_dim < 1:
-            raise DataError(f"data.feat_dim={self.feat_dim} must be positive", "set data.feat_dim=16 or give data.features=")
+            raise DataError(
+                f"data.feat_dim={self.feat_dim} must be positive",
+                "set data.feat_dim=16 or give data.features=",
+            )
         self._split = self._load_split() if cfg.split and cfg.use_source_split else None
         self.num_classes = None
 
@@ -141,9 +185,15 @@ class EdgelistSource(Source):
             return None
         feat = load_npy(self.cfg.features, "feature file", "data.features")
         if feat.ndim != 2 or feat.dtype.kind not in "fiub":
-            raise DataError(f"features have shape {feat.shape} and dtype {feat.dtype}, expected a numeric [N, F] array", "save a 2-D float array with numpy.save")
+            raise DataError(
+                f"features have shape {feat.shape} and dtype {feat.dtype}, expected a numeric [N, F] array",
+                "save a 2-D float array with numpy.save",
+            )
         if len(feat) != len(self._label):
-            raise DataError(f"the feature file has {len(feat)} rows but the label file has {len(self._label)} entries", "features and labels need one row per node, in the same order")
+            raise DataError(
+                f"the feature file has {len(feat)} rows but the label file has {len(self._label)} entries",
+                "features and labels need one row per node, in the same order",
+            )
         return feat
 
     def _count_nodes(self) -> int:
@@ -151,19 +201,31 @@ class EdgelistSource(Source):
         it); data.num_nodes, when set, must agree with them."""
         n = len(self._label)
         if int(self.cfg.num_nodes) > 0 and int(self.cfg.num_nodes) != n:
-            raise DataError(f"data.num_nodes={self.cfg.num_nodes} but the label file has {n} entries", "drop data.num_nodes (it is taken from the label file) or fix it")
+            raise DataError(
+                f"data.num_nodes={self.cfg.num_nodes} but the label file has {n} entries",
+                "drop data.num_nodes (it is taken from the label file) or fix it",
+            )
         return n
 
     def _load_split(self) -> np.ndarray:
         raw = load_npy(self.cfg.split, "split file", "data.split")
         if raw.ndim != 1 or raw.dtype.kind not in "iu":
-            raise DataError(f"the split file has shape {raw.shape} and dtype {raw.dtype}, expected integers [N]", "store 0 train / 1 val / 2 test / -1 none per node")
+            raise DataError(
+                f"the split file has shape {raw.shape} and dtype {raw.dtype}, expected integers [N]",
+                "store 0 train / 1 val / 2 test / -1 none per node",
+            )
         if len(raw) != self.num_nodes:
-            raise DataError(f"the split file has {len(raw)} entries for {self.num_nodes} nodes", "the split needs one entry per node")
+            raise DataError(
+                f"the split file has {len(raw)} entries for {self.num_nodes} nodes",
+                "the split needs one entry per node",
+            )
         split = np.asarray(raw, dtype=np.int64)
         bad = ~np.isin(split, (-1, 0, 1, 2))
         if bad.any():
-            raise DataError(f"the split file holds {int(split[bad][0])} (node {int(np.argmax(bad))})", "use 0 train / 1 val / 2 test / -1 none")
+            raise DataError(
+                f"the split file holds {int(split[bad][0])} (node {int(np.argmax(bad))})",
+                "use 0 train / 1 val / 2 test / -1 none",
+            )
         return split.astype(np.int8)
 
     def node_blocks(self) -> Iterator[NodeBlock]:
@@ -173,7 +235,9 @@ class EdgelistSource(Source):
                 feat = np.asarray(self._feat[lo:hi], dtype=np.float32)
             else:
                 # No feature file: seeded Gaussian features, one generator per block so they stream.
-                feat = np.random.default_rng([int(self.cfg.feat_seed), b]).standard_normal((hi - lo, self.feat_dim), dtype=np.float32)
+                feat = np.random.default_rng([int(self.cfg.feat_seed), b]).standard_normal(
+                    (hi - lo, self.feat_dim), dtype=np.float32
+                )
             split = None if self._split is None else self._split[lo:hi]
             yield NodeBlock(lo, feat, self._label[lo:hi], split)
 
@@ -184,8 +248,9 @@ class EdgelistSource(Source):
         return {
             "path": str(self.path),
             "header": self.header,
-            "features": str(self.cfg.features) if self.cfg.features else f"random (feat_seed={self.cfg.feat_seed})",
+            "features": str(self.cfg.features)
+            if self.cfg.features
+            else f"random (feat_seed={self.cfg.feat_seed})",
             "labels": str(self.cfg.labels),
             "split": str(self.cfg.split) if self._split is not None else "random",
         }
-

@@ -26,7 +26,15 @@ from gnnscale.errors import DataError
 
 BLOCK_ROWS = 65536
 SPLIT_FILES = ("train", "valid", "test")
-READ_ERRORS = (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError, EOFError, zlib.error, OverflowError)
+READ_ERRORS = (
+    ValueError,
+    pd.errors.ParserError,
+    pd.errors.EmptyDataError,
+    OSError,
+    EOFError,
+    zlib.error,
+    OverflowError,
+)
 
 
 def _short(exc: Exception) -> str:
@@ -50,9 +58,14 @@ def read_num_nodes(path: Path) -> int:
     try:
         values = pd.read_csv(path, header=None, dtype=np.int64).to_numpy().ravel()
     except READ_ERRORS as exc:
-        raise DataError(f"cannot read '{path}' as one integer node count: {_short(exc)}", "re-download the dataset folder") from None
+        raise DataError(
+            f"cannot read '{path}' as one integer node count: {_short(exc)}", "re-download the dataset folder"
+        ) from None
     if len(values) != 1:
-        raise DataError(f"'{path}' lists {len(values)} node counts (one per graph)", "only single-graph node-property datasets (ogbn-*) are supported")
+        raise DataError(
+            f"'{path}' lists {len(values)} node counts (one per graph)",
+            "only single-graph node-property datasets (ogbn-*) are supported",
+        )
     return int(values[0])
 
 
@@ -70,7 +83,10 @@ def feature_width(path: Path) -> int:
 def as_labels(values: np.ndarray, path: Path) -> np.ndarray:
     nan = np.isnan(values)
     if (values[~nan] != np.round(values[~nan])).any() or (values[~nan] < 0).any():
-        raise DataError(f"'{path}' holds a label that is not a class id 0..C-1", "labels must be non-negative integers (NaN = unlabelled)")
+        raise DataError(
+            f"'{path}' holds a label that is not a class id 0..C-1",
+            "labels must be non-negative integers (NaN = unlabelled)",
+        )
     return np.where(nan, -1, values).astype(np.int64)
 
 
@@ -79,12 +95,17 @@ def find_split_dir(root: Path, setting: str) -> Path | None:
     names = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
     if setting != "auto":
         if setting not in names:
-            raise DataError(f"no split '{setting}' under '{folder}' (found: {', '.join(names) or 'none'})", "set data.split_name= to one of them, or auto")
+            raise DataError(
+                f"no split '{setting}' under '{folder}' (found: {', '.join(names) or 'none'})",
+                "set data.split_name= to one of them, or auto",
+            )
         return folder / setting
     if not names:
         return None  # none shipped: the writer makes the seeded random split
     if len(names) > 1:
-        raise DataError(f"'{folder}' holds several splits: {', '.join(names)}", "choose one with data.split_name=")
+        raise DataError(
+            f"'{folder}' holds several splits: {', '.join(names)}", "choose one with data.split_name="
+        )
     return folder / names[0]
 
 
@@ -95,13 +116,21 @@ def read_ids(path: Path, n: int) -> np.ndarray:
     except pd.errors.EmptyDataError:
         return np.empty(0, dtype=np.int64)
     except READ_ERRORS as exc:
-        raise DataError(f"'{path}' must hold one integer node id per line: {_short(exc)}", "re-download the dataset folder") from None
+        raise DataError(
+            f"'{path}' must hold one integer node id per line: {_short(exc)}",
+            "re-download the dataset folder",
+        ) from None
     if frame.shape[1] != 1:
-        raise DataError(f"'{path}' has {frame.shape[1]} columns, expected one node id per line", "re-download the dataset folder")
+        raise DataError(
+            f"'{path}' has {frame.shape[1]} columns, expected one node id per line",
+            "re-download the dataset folder",
+        )
     ids = np.sort(frame.to_numpy().ravel())
     if len(ids) and (ids[0] < 0 or ids[-1] >= n):
         bad = ids[0] if ids[0] < 0 else ids[-1]
-        raise DataError(f"'{path}' names node {int(bad)}, outside 0..{n - 1}", "the split does not belong to this dataset")
+        raise DataError(
+            f"'{path}' names node {int(bad)}, outside 0..{n - 1}", "the split does not belong to this dataset"
+        )
     return ids
 
 
@@ -110,7 +139,10 @@ class OgbSource(Source):
         self.cfg = cfg
         self.root = require_file(cfg.path, "OGB dataset folder")
         if not self.root.is_dir():
-            raise DataError(f"data.path='{self.root}' is not a folder", "point data.path= at the OGB dataset folder (holding raw/ and split/)")
+            raise DataError(
+                f"data.path='{self.root}' is not a folder",
+                "point data.path= at the OGB dataset folder (holding raw/ and split/)",
+            )
         self.name = self.root.name if cfg.name in ("auto", "", None) else str(cfg.name)
         raw = self.root / "raw"
         self.edge_file = require_file(raw / "edge.csv.gz", "OGB edge file")
@@ -129,7 +161,10 @@ class OgbSource(Source):
         ids = [read_ids(folder / f"{part}.csv.gz", self.num_nodes) for part in SPLIT_FILES]
         every = np.concatenate(ids)
         if len(np.unique(every)) != len(every):
-            raise DataError(f"a node is listed twice in the split under '{folder}' (within or across train/valid/test)", "make the split files disjoint")
+            raise DataError(
+                f"a node is listed twice in the split under '{folder}' (within or across train/valid/test)",
+                "make the split files disjoint",
+            )
         return ids
 
     def _block_split(self, lo: int, hi: int) -> np.ndarray | None:
@@ -147,7 +182,10 @@ class OgbSource(Source):
                 for frame in reader:
                     yield frame.to_numpy(dtype=dtype)
         except READ_ERRORS as exc:
-            raise DataError(f"'{path}' has a malformed row: {_short(exc)}", "every row needs the same number of numeric, comma-separated values") from None
+            raise DataError(
+                f"'{path}' has a malformed row: {_short(exc)}",
+                "every row needs the same number of numeric, comma-separated values",
+            ) from None
 
     def node_blocks(self) -> Iterator[NodeBlock]:
         labels = self._chunks(self.label_file, np.float64)
@@ -155,20 +193,43 @@ class OgbSource(Source):
         for feat in self._chunks(self.feat_file, np.float32):
             label = next(labels, np.empty((0, 1)))
             if label.shape[1] != 1:
-                raise DataError(f"'{self.label_file}' has {label.shape[1]} columns", "only single-label node classification is supported (one label per line)")
+                raise DataError(
+                    f"'{self.label_file}' has {label.shape[1]} columns",
+                    "only single-label node classification is supported (one label per line)",
+                )
             if len(label) != len(feat):
-                raise DataError(f"'{self.label_file}' and '{self.feat_file}' have different row counts", "give one label and one feature row per node")
+                raise DataError(
+                    f"'{self.label_file}' and '{self.feat_file}' have different row counts",
+                    "give one label and one feature row per node",
+                )
             if start + len(feat) > self.num_nodes:
-                raise DataError(f"'{self.feat_file}' has more rows than the {self.num_nodes} nodes", "give one feature row per node")
-            yield NodeBlock(start, feat, as_labels(label[:, 0], self.label_file), self._block_split(start, start + len(feat)))
+                raise DataError(
+                    f"'{self.feat_file}' has more rows than the {self.num_nodes} nodes",
+                    "give one feature row per node",
+                )
+            yield NodeBlock(
+                start,
+                feat,
+                as_labels(label[:, 0], self.label_file),
+                self._block_split(start, start + len(feat)),
+            )
             start += len(feat)
         if next(labels, None) is not None:
-            raise DataError(f"'{self.label_file}' has more rows than '{self.feat_file}'", "give one label and one feature row per node")
+            raise DataError(
+                f"'{self.label_file}' has more rows than '{self.feat_file}'",
+                "give one label and one feature row per node",
+            )
         if start != self.num_nodes:
-            raise DataError(f"'{self.feat_file}' has {start} rows for {self.num_nodes} nodes", "give one feature row per node")
+            raise DataError(
+                f"'{self.feat_file}' has {start} rows for {self.num_nodes} nodes",
+                "give one feature row per node",
+            )
 
     def edge_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return read_edge_chunks(self.edge_file, ",", False, self.chunk_edges)
 
     def describe(self) -> dict:
-        return {"path": str(self.root), "split": self.split_dir.name if self.split_dir is not None else "random"}
+        return {
+            "path": str(self.root),
+            "split": self.split_dir.name if self.split_dir is not None else "random",
+        }

@@ -57,7 +57,19 @@ def _allowed() -> dict[tuple[str, str], object]:
         for module in ("scipy.sparse", f"scipy.sparse.{fmt}", f"scipy.sparse._{fmt}"):
             allowed[(module, f"{fmt}_matrix")] = cls
     for module in ("builtins", "__builtin__"):
-        for name in ("list", "dict", "set", "frozenset", "tuple", "int", "float", "bool", "complex", "bytes", "str"):
+        for name in (
+            "list",
+            "dict",
+            "set",
+            "frozenset",
+            "tuple",
+            "int",
+            "float",
+            "bool",
+            "complex",
+            "bytes",
+            "str",
+        ):
             allowed[(module, name)] = getattr(builtins, name)
     allowed[("collections", "defaultdict")] = collections.defaultdict
     # Files re-pickled by Python 3 at protocol 2 rebuild bytes with _codecs.encode(str, "latin1"):
@@ -91,22 +103,32 @@ def restricted_load(path: Path):
     except DataError as exc:
         raise DataError(f"{path.name}: {exc.message}", exc.hint) from None
     except Exception as exc:  # truncated / not a pickle / wrong protocol
-        raise DataError(f"cannot read Planetoid file '{path}': {type(exc).__name__}: {exc}", "re-download the ind.* files") from None
+        raise DataError(
+            f"cannot read Planetoid file '{path}': {type(exc).__name__}: {exc}", "re-download the ind.* files"
+        ) from None
 
 
 def detect_name(folder: Path) -> str:
     names = sorted({m.group(1) for p in folder.iterdir() if (m := re.fullmatch(r"ind\.(.+)\.graph", p.name))})
     if not names:
-        raise DataError(f"no ind.<name>.graph file in '{folder}'", "point data.path= at the folder holding the Planetoid ind.* files")
+        raise DataError(
+            f"no ind.<name>.graph file in '{folder}'",
+            "point data.path= at the folder holding the Planetoid ind.* files",
+        )
     if len(names) > 1:
-        raise DataError(f"'{folder}' holds several Planetoid datasets ({', '.join(names)})", f"set data.name= to one of {', '.join(names)}")
+        raise DataError(
+            f"'{folder}' holds several Planetoid datasets ({', '.join(names)})",
+            f"set data.name= to one of {', '.join(names)}",
+        )
     return names[0]
 
 
 def _dense(a, what: str) -> np.ndarray:
     a = a.toarray() if sp.issparse(a) else np.asarray(a)
     if a.ndim != 2:
-        raise DataError(f"Planetoid '{what}' has shape {a.shape}, expected a matrix", "re-download the ind.* files")
+        raise DataError(
+            f"Planetoid '{what}' has shape {a.shape}, expected a matrix", "re-download the ind.* files"
+        )
     return a
 
 
@@ -121,7 +143,9 @@ def read_test_index(path: Path) -> np.ndarray:
     try:
         idx = np.loadtxt(path, dtype=np.int64, ndmin=1)
     except ValueError as exc:
-        raise DataError(f"'{path}' must hold one integer node id per line ({exc})", "re-download the ind.* files") from None
+        raise DataError(
+            f"'{path}' must hold one integer node id per line ({exc})", "re-download the ind.* files"
+        ) from None
     if len(idx) and idx.min() < 0:
         raise DataError(f"'{path}' holds a negative node id", "re-download the ind.* files")
     if len(np.unique(idx)) != len(idx):
@@ -131,12 +155,22 @@ def read_test_index(path: Path) -> np.ndarray:
 
 def edges_from_dict(graph) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(graph, dict):
-        raise DataError(f"the Planetoid graph file holds a {type(graph).__name__}, expected a dict of adjacency lists", "re-download the ind.* files")
+        raise DataError(
+            f"the Planetoid graph file holds a {type(graph).__name__}, expected a dict of adjacency lists",
+            "re-download the ind.* files",
+        )
     try:
-        src = np.concatenate([np.full(len(nbrs), int(node), dtype=np.int64) for node, nbrs in graph.items()] or [np.empty(0, np.int64)])
-        dst = np.concatenate([np.asarray(list(nbrs), dtype=np.int64) for nbrs in graph.values()] or [np.empty(0, np.int64)])
+        src = np.concatenate(
+            [np.full(len(nbrs), int(node), dtype=np.int64) for node, nbrs in graph.items()]
+            or [np.empty(0, np.int64)]
+        )
+        dst = np.concatenate(
+            [np.asarray(list(nbrs), dtype=np.int64) for nbrs in graph.values()] or [np.empty(0, np.int64)]
+        )
     except (TypeError, ValueError) as exc:
-        raise DataError(f"the Planetoid graph holds a non-integer node id ({exc})", "re-download the ind.* files") from None
+        raise DataError(
+            f"the Planetoid graph holds a non-integer node id ({exc})", "re-download the ind.* files"
+        ) from None
     return src, dst
 
 
@@ -145,10 +179,24 @@ class PlanetoidSource(Source):
         self.cfg = cfg
         self.folder = require_file(cfg.path, "Planetoid folder")
         if not self.folder.is_dir():
-            raise DataError(f"data.path='{self.folder}' is not a folder", "point data.path= at the folder holding the ind.<name>.* files")
+            raise DataError(
+                f"data.path='{self.folder}' is not a folder",
+                "point data.path= at the folder holding the ind.<name>.* files",
+            )
         self.name = detect_name(self.folder) if cfg.name in ("auto", "", None) else str(cfg.name)
-        raw = {part: restricted_load(require_file(self.folder / f"ind.{self.name}.{part}", f"Planetoid file ind.{self.name}.{part}")) for part in PARTS}
-        test_index = read_test_index(require_file(self.folder / f"ind.{self.name}.test.index", f"Planetoid file ind.{self.name}.test.index"))
+        raw = {
+            part: restricted_load(
+                require_file(
+                    self.folder / f"ind.{self.name}.{part}", f"Planetoid file ind.{self.name}.{part}"
+                )
+            )
+            for part in PARTS
+        }
+        test_index = read_test_index(
+            require_file(
+                self.folder / f"ind.{self.name}.test.index", f"Planetoid file ind.{self.name}.test.index"
+            )
+        )
         self._assemble(raw, test_index)
         self.chunk_edges = int(cfg.chunk_edges)
 
@@ -156,16 +204,30 @@ class PlanetoidSource(Source):
         x, tx, allx = (_dense(raw[k], k) for k in ("x", "tx", "allx"))
         y, ty, ally = (_dense(raw[k], k) for k in ("y", "ty", "ally"))
         if len(allx) != len(ally) or len(tx) != len(ty) or len(x) != len(y):
-            raise DataError(f"Planetoid '{self.name}': feature and label row counts differ (x/y, tx/ty or allx/ally)", "re-download the ind.* files")
+            raise DataError(
+                f"Planetoid '{self.name}': feature and label row counts differ (x/y, tx/ty or allx/ally)",
+                "re-download the ind.* files",
+            )
         if len(tx) != len(test_index):
-            raise DataError(f"ind.{self.name}.tx has {len(tx)} rows but test.index lists {len(test_index)} nodes", "re-download the ind.* files")
+            raise DataError(
+                f"ind.{self.name}.tx has {len(tx)} rows but test.index lists {len(test_index)} nodes",
+                "re-download the ind.* files",
+            )
         if len(test_index) and test_index.min() < len(allx):
-            raise DataError(f"test.index names node {int(test_index.min())}, inside allx's {len(allx)} nodes", "re-download the ind.* files")
+            raise DataError(
+                f"test.index names node {int(test_index.min())}, inside allx's {len(allx)} nodes",
+                "re-download the ind.* files",
+            )
         if len(y) + NUM_VAL > len(allx):
-            raise DataError(f"allx has {len(allx)} rows, fewer than {len(y)} train + {NUM_VAL} val nodes", "re-download the ind.* files")
+            raise DataError(
+                f"allx has {len(allx)} rows, fewer than {len(y)} train + {NUM_VAL} val nodes",
+                "re-download the ind.* files",
+            )
         feat_dim = allx.shape[1]
         if tx.shape[1] != feat_dim or ty.shape[1] != ally.shape[1]:
-            raise DataError(f"Planetoid '{self.name}': tx/ty widths differ from allx/ally", "re-download the ind.* files")
+            raise DataError(
+                f"Planetoid '{self.name}': tx/ty widths differ from allx/ally", "re-download the ind.* files"
+            )
         # Nodes in neither allx nor test.index (CiteSeer's isolated nodes) stay zero / unlabelled.
         n = max(len(allx), int(test_index.max()) + 1 if len(test_index) else 0)
         feat = np.zeros((n, feat_dim), dtype=np.float32)
@@ -188,4 +250,8 @@ class PlanetoidSource(Source):
         return chunks_from_arrays(self._src, self._dst, self.chunk_edges)
 
     def describe(self) -> dict:
-        return {"path": str(self.folder), "name": self.name, "split": "public" if self.cfg.use_source_split else "random"}
+        return {
+            "path": str(self.folder),
+            "name": self.name,
+            "split": "public" if self.cfg.use_source_split else "random",
+        }

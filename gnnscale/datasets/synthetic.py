@@ -26,16 +26,25 @@ class SyntheticSource(Source):
         self.feat_dim = int(cfg.feat_dim)
         self.num_classes = int(cfg.num_classes)
         if self.num_nodes < 2 or self.num_classes < 2 or self.feat_dim < 1:
-            raise DataError("synthetic graph needs num_nodes >= 2, num_classes >= 2, feat_dim >= 1", "fix data.num_nodes / num_classes / feat_dim")
+            raise DataError(
+                "synthetic graph needs num_nodes >= 2, num_classes >= 2, feat_dim >= 1",
+                "fix data.num_nodes / num_classes / feat_dim",
+            )
         if not 0.0 <= cfg.homophily <= 1.0:
-            raise DataError(f"data.homophily={cfg.homophily} must be in [0, 1]", "use e.g. data.homophily=0.75")
+            raise DataError(
+                f"data.homophily={cfg.homophily} must be in [0, 1]", "use e.g. data.homophily=0.75"
+            )
         if cfg.avg_degree <= 0:
-            raise DataError(f"data.avg_degree={cfg.avg_degree} must be positive", "use e.g. data.avg_degree=20")
+            raise DataError(
+                f"data.avg_degree={cfg.avg_degree} must be positive", "use e.g. data.avg_degree=20"
+            )
         if cfg.power_law_exponent <= 2.0:
             raise DataError("data.power_law_exponent must be > 2 (finite mean degree)", "use e.g. 2.5")
         self.seed = int(cfg.seed)
         self.chunk_edges = int(cfg.chunk_edges)
-        self._labels = self._rng(_LABEL_STREAM).integers(0, self.num_classes, size=self.num_nodes).astype(np.int32)
+        self._labels = (
+            self._rng(_LABEL_STREAM).integers(0, self.num_classes, size=self.num_nodes).astype(np.int32)
+        )
 
     def _rng(self, stream: int, index: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, stream, index])
@@ -71,7 +80,9 @@ class SyntheticSource(Source):
         for k, lo in enumerate(range(0, num_pairs, self.chunk_edges)):
             m = min(self.chunk_edges, num_pairs - lo)
             rng = self._rng(_EDGE_STREAM, k)
-            src = order[np.minimum(np.searchsorted(cum, rng.random(m) * total, side="right"), self.num_nodes - 1)]
+            src = order[
+                np.minimum(np.searchsorted(cum, rng.random(m) * total, side="right"), self.num_nodes - 1)
+            ]
             same = rng.random(m) < self.cfg.homophily
             c = self._labels[src].astype(np.int64)
             target = np.where(same, class_lo[c] + rng.random(m) * class_mass[c], rng.random(m) * total)
@@ -79,5 +90,14 @@ class SyntheticSource(Source):
             yield src.astype(np.int64), dst.astype(np.int64)
 
     def describe(self) -> dict:
-        keys = ("num_nodes", "avg_degree", "feat_dim", "num_classes", "homophily", "power_law_exponent", "feature_signal", "seed")
+        keys = (
+            "num_nodes",
+            "avg_degree",
+            "feat_dim",
+            "num_classes",
+            "homophily",
+            "power_law_exponent",
+            "feature_signal",
+            "seed",
+        )
         return {k: (float(self.cfg[k]) if isinstance(self.cfg[k], float) else self.cfg[k]) for k in keys}

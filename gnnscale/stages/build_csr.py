@@ -37,7 +37,9 @@ def run(cfg: DictConfig) -> dict:
             check = bar.add_task("verify shards", total=graph.num_shards, extra="")
             graph.verify(progress=lambda k, total: bar.update(check, completed=k))
             task = bar.add_task("build csc", total=graph.num_shards, extra="")
-            csc = build_csc(graph, validate=cfg.csc.validate, progress=lambda k, total: bar.update(task, completed=k))
+            csc = build_csc(
+                graph, validate=cfg.csc.validate, progress=lambda k, total: bar.update(task, completed=k)
+            )
         indptr, _ = open_csc(graph)
         degrees = degree_stats(indptr)
     summary = {

@@ -12,7 +12,9 @@ from gnnscale.utils.ui import info, make_progress, summary_table
 
 def source_fingerprint(cfg: DictConfig) -> str:
     """What determines a graph_dir's content: the data config and the shard size."""
-    return config_hash({"data": OmegaConf.to_container(cfg.data, resolve=True), "nodes_per_shard": cfg.shard.nodes_per_shard})
+    return config_hash(
+        {"data": OmegaConf.to_container(cfg.data, resolve=True), "nodes_per_shard": cfg.shard.nodes_per_shard}
+    )
 
 
 def run(cfg: DictConfig) -> dict:
@@ -49,7 +51,10 @@ def run(cfg: DictConfig) -> dict:
                     split_fractions=d.split_fractions,
                     seed=cfg.seed,
                     use_source_split=d.use_source_split,
-                    extra={"source": {"kind": d.source, **source.describe()}, "source_fingerprint": source_fingerprint(cfg)},
+                    extra={
+                        "source": {"kind": d.source, **source.describe()},
+                        "source_fingerprint": source_fingerprint(cfg),
+                    },
                     progress=lambda k, total: bar.update(shards, completed=k),
                 )
         except BaseException:

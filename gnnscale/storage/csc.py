@@ -25,7 +25,10 @@ def _check_shard_edges(i: int, src: np.ndarray, dst: np.ndarray, lo: int, hi: in
     if len(dst) == 0:
         return
     if dst.min() < lo or dst.max() >= hi:
-        raise GraphDirError(f"shard {i} holds an edge whose destination is outside its nodes [{lo}, {hi})", "re-run `gnnscale shard`")
+        raise GraphDirError(
+            f"shard {i} holds an edge whose destination is outside its nodes [{lo}, {hi})",
+            "re-run `gnnscale shard`",
+        )
     if src.min() < 0 or src.max() >= n:
         raise GraphDirError(f"shard {i} holds an edge source outside [0, {n})", "re-run `gnnscale shard`")
 
@@ -46,10 +49,16 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
         lo, hi = info["node_start"], info["node_end"]
         dst = graph.shard(i)["dst"].numpy()
         if len(dst) != info["num_edges"]:
-            raise GraphDirError(f"shard {i} has {len(dst)} edges, meta.json says {info['num_edges']}", "re-run `gnnscale shard`")
+            raise GraphDirError(
+                f"shard {i} has {len(dst)} edges, meta.json says {info['num_edges']}",
+                "re-run `gnnscale shard`",
+            )
         deg = np.bincount(dst - lo, minlength=hi - lo) if len(dst) else np.zeros(hi - lo, dtype=np.int64)
         if len(deg) != hi - lo:
-            raise GraphDirError(f"shard {i} holds an edge whose destination is outside its nodes [{lo}, {hi})", "re-run `gnnscale shard`")
+            raise GraphDirError(
+                f"shard {i} holds an edge whose destination is outside its nodes [{lo}, {hi})",
+                "re-run `gnnscale shard`",
+            )
         indptr[lo + 1 : hi + 1] = np.cumsum(deg) + total
         total += len(dst)
         if progress is not None:
@@ -108,13 +117,25 @@ def open_csc(graph: GraphDir) -> tuple[np.ndarray, np.ndarray]:
     info = graph.meta.get("csc")
     folder = graph.path / CSC_DIR
     if info is None or not folder.is_dir():
-        raise GraphDirError(f"'{graph.path}' has no CSC adjacency", f"run `gnnscale build-csr graph_dir={graph.path}` first")
+        raise GraphDirError(
+            f"'{graph.path}' has no CSC adjacency", f"run `gnnscale build-csr graph_dir={graph.path}` first"
+        )
     if info.get("shard_sha256") != [s["sha256"] for s in graph.meta["shards"]]:
-        raise GraphDirError(f"the CSC in '{graph.path}' was built from other shards", f"re-run `gnnscale build-csr graph_dir={graph.path}`")
+        raise GraphDirError(
+            f"the CSC in '{graph.path}' was built from other shards",
+            f"re-run `gnnscale build-csr graph_dir={graph.path}`",
+        )
     indptr = np.load(folder / "indptr.npy", mmap_mode="r")
     indices = np.load(folder / "indices.npy", mmap_mode="r")
-    if len(indptr) != graph.num_nodes + 1 or len(indices) != info["num_edges"] or int(indptr[-1]) != len(indices):
-        raise GraphDirError(f"the CSC in '{graph.path}' does not match meta.json", f"re-run `gnnscale build-csr graph_dir={graph.path}`")
+    if (
+        len(indptr) != graph.num_nodes + 1
+        or len(indices) != info["num_edges"]
+        or int(indptr[-1]) != len(indices)
+    ):
+        raise GraphDirError(
+            f"the CSC in '{graph.path}' does not match meta.json",
+            f"re-run `gnnscale build-csr graph_dir={graph.path}`",
+        )
     return indptr, indices
 
 

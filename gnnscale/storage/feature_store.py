@@ -22,7 +22,9 @@ class FeatureStore:
         self._starts = torch.from_numpy(graph.node_starts)
         self._feats = [graph.shard(i)["feat"] for i in range(graph.num_shards)]
         self.in_memory = in_memory
-        self._full = torch.cat(self._feats) if in_memory else (self._feats[0] if len(self._feats) == 1 else None)
+        self._full = (
+            torch.cat(self._feats) if in_memory else (self._feats[0] if len(self._feats) == 1 else None)
+        )
 
     @property
     def nbytes(self) -> int:

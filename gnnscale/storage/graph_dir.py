@@ -23,10 +23,15 @@ def load_shard_file(path: str | Path) -> dict:
     try:
         data = torch.load(str(path), mmap=True, weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise GraphDirError(f"cannot read shard {path}: {str(exc).splitlines()[0]}", "re-run `gnnscale shard` with overwrite=true") from None
+        raise GraphDirError(
+            f"cannot read shard {path}: {str(exc).splitlines()[0]}",
+            "re-run `gnnscale shard` with overwrite=true",
+        ) from None
     missing = [k for k in SHARD_KEYS if k not in data]
     if missing:
-        raise GraphDirError(f"shard {path} lacks {', '.join(missing)}", "re-run `gnnscale shard` with overwrite=true")
+        raise GraphDirError(
+            f"shard {path} lacks {', '.join(missing)}", "re-run `gnnscale shard` with overwrite=true"
+        )
     return data
 
 

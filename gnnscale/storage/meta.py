@@ -10,7 +10,18 @@ from gnnscale.utils.atomic import write_json
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
-REQUIRED_KEYS = ("format_version", "name", "num_nodes", "num_edges", "feat_dim", "feat_dtype", "num_classes", "directed", "splits", "shards")
+REQUIRED_KEYS = (
+    "format_version",
+    "name",
+    "num_nodes",
+    "num_edges",
+    "feat_dim",
+    "feat_dtype",
+    "num_classes",
+    "directed",
+    "splits",
+    "shards",
+)
 
 
 def shard_file_name(index: int) -> str:
@@ -21,7 +32,10 @@ def read_meta(graph_dir: str | Path) -> dict:
     graph_dir = Path(graph_dir)
     path = graph_dir / META_FILE
     if not graph_dir.is_dir():
-        raise GraphDirError(f"graph_dir '{graph_dir}' does not exist", "run `gnnscale shard graph_dir=...` first or fix graph_dir=")
+        raise GraphDirError(
+            f"graph_dir '{graph_dir}' does not exist",
+            "run `gnnscale shard graph_dir=...` first or fix graph_dir=",
+        )
     if not path.is_file():
         raise GraphDirError(
             f"'{graph_dir}' has no {META_FILE} (not a graph_dir, or an interrupted shard run)",
@@ -30,10 +44,14 @@ def read_meta(graph_dir: str | Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise GraphDirError(f"cannot read {path}: {exc}", "re-run `gnnscale shard` with overwrite=true") from None
+        raise GraphDirError(
+            f"cannot read {path}: {exc}", "re-run `gnnscale shard` with overwrite=true"
+        ) from None
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
-        raise GraphDirError(f"{path} lacks {', '.join(missing)}", "re-run `gnnscale shard` with overwrite=true")
+        raise GraphDirError(
+            f"{path} lacks {', '.join(missing)}", "re-run `gnnscale shard` with overwrite=true"
+        )
     if meta["format_version"] != FORMAT_VERSION:
         raise GraphDirError(
             f"{path} has format_version {meta['format_version']}, this gnnscale reads {FORMAT_VERSION}",

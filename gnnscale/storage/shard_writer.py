@@ -32,7 +32,9 @@ class EdgePolicy:
         if self.self_loops not in ("keep", "remove", "add"):
             raise DataError(f"data.self_loops={self.self_loops!r} is not valid", "use keep, remove or add")
         if self.duplicate_edges not in ("keep", "remove"):
-            raise DataError(f"data.duplicate_edges={self.duplicate_edges!r} is not valid", "use keep or remove")
+            raise DataError(
+                f"data.duplicate_edges={self.duplicate_edges!r} is not valid", "use keep or remove"
+            )
 
 
 def staging_dir_for(graph_dir: Path) -> Path:
@@ -52,7 +54,10 @@ def hash_uniform(ids: np.ndarray, seed: int) -> np.ndarray:
 def random_split(ids: np.ndarray, labelled: np.ndarray, fractions, seed: int) -> np.ndarray:
     fractions = list(fractions)
     if len(fractions) != 3 or min(fractions) < 0 or sum(fractions) > 1.0 + 1e-9:
-        raise DataError(f"data.split_fractions={fractions} is not valid", "give three non-negative fractions summing to at most 1")
+        raise DataError(
+            f"data.split_fractions={fractions} is not valid",
+            "give three non-negative fractions summing to at most 1",
+        )
     u = hash_uniform(ids, seed)
     split = np.full(len(ids), SPLIT_NONE, dtype=np.int8)
     a, b, c = np.cumsum(fractions)
@@ -83,13 +88,24 @@ class ShardWriter:
         if num_nodes <= 0:
             raise DataError(f"the graph has {num_nodes} nodes", "check the input files")
         if nodes_per_shard <= 0:
-            raise DataError(f"shard.nodes_per_shard={nodes_per_shard} must be positive", "set shard.nodes_per_shard=100000")
+            raise DataError(
+                f"shard.nodes_per_shard={nodes_per_shard} must be positive",
+                "set shard.nodes_per_shard=100000",
+            )
         if self.graph_dir.exists():
             if not overwrite:
-                raise GraphDirError(f"graph_dir '{self.graph_dir}' already exists", "pass overwrite=true to replace it or choose another graph_dir=")
-            if not self.graph_dir.is_dir() or (any(self.graph_dir.iterdir()) and not (self.graph_dir / META_FILE).exists()):
+                raise GraphDirError(
+                    f"graph_dir '{self.graph_dir}' already exists",
+                    "pass overwrite=true to replace it or choose another graph_dir=",
+                )
+            if not self.graph_dir.is_dir() or (
+                any(self.graph_dir.iterdir()) and not (self.graph_dir / META_FILE).exists()
+            ):
                 # overwrite=true replaces a graph_dir, never an unrelated folder that happens to be named
-                raise GraphDirError(f"'{self.graph_dir}' exists and is not a graph_dir", "choose another graph_dir= (overwrite only replaces graph_dirs)")
+                raise GraphDirError(
+                    f"'{self.graph_dir}' exists and is not a graph_dir",
+                    "choose another graph_dir= (overwrite only replaces graph_dirs)",
+                )
         self.name, self.num_nodes, self.feat_dim = name, int(num_nodes), int(feat_dim)
         self.num_classes = num_classes
         self.nodes_per_shard = int(nodes_per_shard)
@@ -101,9 +117,15 @@ class ShardWriter:
             shutil.rmtree(self.staging)  # leftovers of an interrupted run are never reused
         (self.staging / "_spill").mkdir(parents=True)
         sp = self.staging / "_spill"
-        self._feat = np.lib.format.open_memmap(sp / "feat.npy", mode="w+", dtype=feat_dtype, shape=(self.num_nodes, self.feat_dim))
-        self._label = np.lib.format.open_memmap(sp / "label.npy", mode="w+", dtype=np.int64, shape=(self.num_nodes,))
-        self._split = np.lib.format.open_memmap(sp / "split.npy", mode="w+", dtype=np.int8, shape=(self.num_nodes,))
+        self._feat = np.lib.format.open_memmap(
+            sp / "feat.npy", mode="w+", dtype=feat_dtype, shape=(self.num_nodes, self.feat_dim)
+        )
+        self._label = np.lib.format.open_memmap(
+            sp / "label.npy", mode="w+", dtype=np.int64, shape=(self.num_nodes,)
+        )
+        self._split = np.lib.format.open_memmap(
+            sp / "split.npy", mode="w+", dtype=np.int8, shape=(self.num_nodes,)
+        )
         self._covered = 0
         self._edge_files = [open(sp / f"edges_{i:05d}.bin", "wb") for i in range(self.num_shards)]
         self._edges_in = 0
@@ -114,22 +136,42 @@ class ShardWriter:
         """Rows [start, start+len) in order. split: int8 0/1/2/-1, or None for 'decide later'."""
         n = len(feat)
         if start != self._covered:
-            raise DataError(f"node block starts at {start}, expected {self._covered}", "sources must emit node rows in order")
+            raise DataError(
+                f"node block starts at {start}, expected {self._covered}",
+                "sources must emit node rows in order",
+            )
         if start + n > self.num_nodes:
-            raise DataError(f"feature rows exceed the node count ({start + n} > {self.num_nodes})", "features must have one row per node")
+            raise DataError(
+                f"feature rows exceed the node count ({start + n} > {self.num_nodes})",
+                "features must have one row per node",
+            )
         feat = np.asarray(feat)
         if feat.ndim != 2 or feat.shape[1] != self.feat_dim:
-            raise DataError(f"feature block has shape {feat.shape}, expected (*, {self.feat_dim})", "all feature rows need the same width")
+            raise DataError(
+                f"feature block has shape {feat.shape}, expected (*, {self.feat_dim})",
+                "all feature rows need the same width",
+            )
         if not np.isfinite(feat).all():
             bad = start + int(np.argwhere(~np.isfinite(feat))[0][0])
-            raise DataError(f"features contain NaN or inf (first at node {bad})", "clean or impute the feature file before sharding")
+            raise DataError(
+                f"features contain NaN or inf (first at node {bad})",
+                "clean or impute the feature file before sharding",
+            )
         label = np.asarray(label, dtype=np.int64)
         if len(label) != n:
-            raise DataError(f"{len(label)} labels for {n} feature rows at node {start}", "labels need one entry per node")
+            raise DataError(
+                f"{len(label)} labels for {n} feature rows at node {start}", "labels need one entry per node"
+            )
         if n and label.min() < -1:
-            raise DataError(f"label {int(label.min())} is out of range", "use -1 for unlabelled nodes and 0..C-1 for classes")
+            raise DataError(
+                f"label {int(label.min())} is out of range",
+                "use -1 for unlabelled nodes and 0..C-1 for classes",
+            )
         if n and self.num_classes is not None and label.max() >= self.num_classes:
-            raise DataError(f"label {int(label.max())} is out of range for {self.num_classes} classes", "fix the labels or data.num_classes")
+            raise DataError(
+                f"label {int(label.max())} is out of range for {self.num_classes} classes",
+                "fix the labels or data.num_classes",
+            )
         self._feat[start : start + n] = feat
         self._label[start : start + n] = label
         self._split[start : start + n] = SPLIT_NONE if split is None else np.asarray(split, dtype=np.int8)
@@ -140,7 +182,9 @@ class ShardWriter:
         src = np.asarray(src, dtype=np.int64).ravel()
         dst = np.asarray(dst, dtype=np.int64).ravel()
         if len(src) != len(dst):
-            raise DataError(f"{len(src)} sources but {len(dst)} destinations", "every edge needs both endpoints")
+            raise DataError(
+                f"{len(src)} sources but {len(dst)} destinations", "every edge needs both endpoints"
+            )
         if len(src) == 0:
             return
         lo, hi = min(src.min(), dst.min()), max(src.max(), dst.max())
@@ -162,14 +206,28 @@ class ShardWriter:
             self._edge_files[i].write(pairs[bounds[i] : bounds[i + 1]].tobytes())
 
     # ------------------------------------------------------------------ output
-    def finish(self, *, split_fractions=(0.6, 0.2, 0.2), seed: int = 0, use_source_split: bool = True, extra: dict | None = None, progress=None) -> dict:
+    def finish(
+        self,
+        *,
+        split_fractions=(0.6, 0.2, 0.2),
+        seed: int = 0,
+        use_source_split: bool = True,
+        extra: dict | None = None,
+        progress=None,
+    ) -> dict:
         if self._covered != self.num_nodes:
-            raise DataError(f"features cover {self._covered} of {self.num_nodes} nodes", "feature rows must equal the node count")
+            raise DataError(
+                f"features cover {self._covered} of {self.num_nodes} nodes",
+                "feature rows must equal the node count",
+            )
         for fh in self._edge_files:
             fh.close()
         num_classes = self.num_classes if self.num_classes is not None else self._max_label + 1
         if num_classes <= 0:
-            raise DataError("no node has a label", "give a label file (or -1 for unlabelled nodes, with at least one labelled)")
+            raise DataError(
+                "no node has a label",
+                "give a label file (or -1 for unlabelled nodes, with at least one labelled)",
+            )
         has_source_split = bool((self._split != SPLIT_NONE).any())
         split_origin = "source" if (has_source_split and use_source_split) else "random"
         shards, total_edges, counts = [], 0, np.zeros(3, dtype=np.int64)
@@ -178,7 +236,11 @@ class ShardWriter:
             lo, hi = i * self.nodes_per_shard, min((i + 1) * self.nodes_per_shard, self.num_nodes)
             ids = np.arange(lo, hi, dtype=np.int64)
             label = np.asarray(self._label[lo:hi])
-            split = np.asarray(self._split[lo:hi]) if split_origin == "source" else random_split(ids, label >= 0, split_fractions, seed)
+            split = (
+                np.asarray(self._split[lo:hi])
+                if split_origin == "source"
+                else random_split(ids, label >= 0, split_fractions, seed)
+            )
             src, dst = self._shard_edges(i, lo, hi)
             for k in range(3):
                 counts[k] += int((split == k).sum())
@@ -193,9 +255,19 @@ class ShardWriter:
             }
             path = self.staging / shard_file_name(i)
             with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-                torch.save(tensors, fh)  # a file object keeps the temp name out of the archive: same graph, same bytes
+                torch.save(
+                    tensors, fh
+                )  # a file object keeps the temp name out of the archive: same graph, same bytes
             del tensors
-            shards.append({"file": path.name, "node_start": lo, "node_end": hi, "num_edges": int(len(src)), "sha256": sha256_file(path)})
+            shards.append(
+                {
+                    "file": path.name,
+                    "node_start": lo,
+                    "node_end": hi,
+                    "num_edges": int(len(src)),
+                    "sha256": sha256_file(path),
+                }
+            )
             total_edges += len(src)
             os.unlink(self.staging / "_spill" / f"edges_{i:05d}.bin")
             if progress is not None:
@@ -211,7 +283,12 @@ class ShardWriter:
             "feat_dtype": self.feat_dtype,
             "num_classes": int(num_classes),
             "directed": not self.policy.make_undirected,
-            "splits": {"train": int(counts[0]), "val": int(counts[1]), "test": int(counts[2]), "origin": split_origin},
+            "splits": {
+                "train": int(counts[0]),
+                "val": int(counts[1]),
+                "test": int(counts[2]),
+                "origin": split_origin,
+            },
             "edge_policy": {
                 "make_undirected": self.policy.make_undirected,
                 "self_loops": self.policy.self_loops,
@@ -264,4 +341,13 @@ class ShardWriter:
             shutil.rmtree(self.staging, ignore_errors=True)
 
 
-__all__ = ["ShardWriter", "EdgePolicy", "META_FILE", "random_split", "SPLIT_NONE", "SPLIT_TRAIN", "SPLIT_VAL", "SPLIT_TEST"]
+__all__ = [
+    "ShardWriter",
+    "EdgePolicy",
+    "META_FILE",
+    "random_split",
+    "SPLIT_NONE",
+    "SPLIT_TRAIN",
+    "SPLIT_VAL",
+    "SPLIT_TEST",
+]
