@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -138,3 +140,56 @@ def test_interrupted_shard_dir_without_meta_is_not_a_graph(tmp_path):
     (tmp_path / "g" / "part_00000.pt").write_bytes(b"half")
     result = runner.invoke(app, ["build-csr", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'r2'}"])
     assert result.exit_code == 2 and "has no meta.json" in result.stderr
+
+
+# ---------------------------------------------------------------- an edge list's first line
+def _shard_edges(tmp_path, text: str):
+    (tmp_path / "e.csv").write_text(text)
+    np.save(tmp_path / "y.npy", np.zeros(4, dtype=np.int64))
+    return runner.invoke(
+        app,
+        [
+            "shard",
+            f"graph_dir={tmp_path / 'g'}",
+            f"run_dir={tmp_path / 'r'}",
+            "data=edgelist",
+            f"data.path={tmp_path / 'e.csv'}",
+            f"data.labels={tmp_path / 'y.npy'}",
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    "text, number, line",
+    [
+        ("0,1.5\n1,2\n2,3\n", 1, "0,1.5"),  # a float node id, not column names
+        ("# SNAP comment\n\n1.5,2\n1,2\n", 3, "1.5,2"),  # numbered as in the file: comments count
+        ("a,b,0.5\n1,2,0.5\n", 1, "a,b,0.5"),  # a number in any column makes it data
+        ("node,7\n1,2\n", 1, "node,7"),
+    ],
+    ids=["float-id", "after-comments", "weight-column", "half-header"],
+)
+def test_malformed_first_edge_line_is_not_taken_for_a_header(tmp_path, text, number, line):
+    result = _shard_edges(tmp_path, text)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert f"line {number} of edge file '{tmp_path / 'e.csv'}'" in lines[0], lines[0]
+    assert repr(line) in lines[0] and f"fix or delete line {number}" in lines[0], lines[0]
+    assert not (tmp_path / "g").exists() and not staging_dir_for(tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "src,dst\n0,1\n1,2\n2,3\n",
+        "# c\nsource,target,weight\n0,1,0.5\n1,2,2\n2,3,1e3\n",
+        "from , to\n0,1\n1,2\n2,3\n",
+    ],
+    ids=["csv", "after-comment-with-weights", "spaced"],
+)
+def test_a_real_header_is_still_skipped(tmp_path, text):
+    result = _shard_edges(tmp_path, text)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    assert meta["input_edges"] == 3  # the header is not an edge, and no edge was dropped with it

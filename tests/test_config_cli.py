@@ -73,3 +73,29 @@ def test_missing_graph_dir_is_exit_2(tmp_path):
     result = runner.invoke(app, ["build-csr", f"graph_dir={tmp_path / 'nope'}", f"run_dir={tmp_path / 'r'}"])
     assert result.exit_code == 2
     assert "does not exist" in result.stderr and "gnnscale shard" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command, override, expected",
+    [
+        ("train", "train.log_every=5", "unknown config key 'train.log_every'; valid keys under 'train':"),
+        ("pipeline", "train.log_every=5", "unknown config key 'train.log_every'; valid keys under 'train':"),
+        (
+            "build-csr",
+            "csc.chunk_edges=10",
+            "unknown config key 'csc.chunk_edges'; valid keys under 'csc': validate",
+        ),
+        (
+            "pipeline",
+            "csc.chunk_edges=10",
+            "unknown config key 'csc.chunk_edges'; valid keys under 'csc': validate",
+        ),
+    ],
+)
+def test_options_nothing_reads_are_refused(tmp_path, command, override, expected):
+    """A setting that would be accepted and then ignored is not offered: it fails like any unknown key."""
+    result = runner.invoke(app, [command, override, f"run_dir={tmp_path / 'r'}"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+    assert "log_every" not in lines[0].split("valid keys")[1] and not (tmp_path / "r").exists()

@@ -16,13 +16,19 @@ import torch
 
 from gnnscale.inference import update as upd
 from gnnscale.inference.blocks import Adjacency
-from gnnscale.inference.checkpoint import load_checkpoint
 from gnnscale.inference.layerfile import LayerFile
 from gnnscale.inference.layerwise import finish_layer
 from gnnscale.inference.propagate import InEdgeChange
 from gnnscale.inference.streamfile import StreamReader, StreamWriter
+from gnnscale.models.checkpoint import load_model
 from tests.conftest import TINY_SYNTHETIC, build_graph
-from tests.test_infer_incremental import layers, random_changes, save
+from tests.test_infer_incremental import (
+    affected_masks,
+    assert_unaffected_rows_are_base,
+    layers,
+    random_changes,
+    save,
+)
 from tests.test_infer_support import infer, make_ckpt
 
 
@@ -59,10 +65,14 @@ def run_case(tmp_path, graph, ckpt, changes, num_layers, base="base", name="upd"
     return s
 
 
-def assert_untouched_rows_are_base(run_dir, base_dir, summary, num_layers):
+def assert_untouched_rows_are_base(tmp_path, name, base, changes, summary, num_layers, arch="sage"):
+    run_dir, base_dir = tmp_path / name, tmp_path / base
     for i, (u, b) in enumerate(zip(layers(run_dir, num_layers), layers(base_dir, num_layers), strict=True)):
         differ = np.flatnonzero(~np.all(u == b, axis=1))
         assert len(differ) <= summary["affected"][i]["rows"], f"layer {i + 1}"
+    # The rows themselves, against an affected set derived from the updated graph, not the code's own count.
+    masks = affected_masks(tmp_path / f"{name}_graph", changes, num_layers, arch)
+    assert_unaffected_rows_are_base(run_dir, base_dir, tmp_path / f"{name}_full", masks)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +106,7 @@ def test_delta_update_equals_full_recompute(
     else:
         assert methods[0] == "delta"
     assert [x["rows_computed"] for x in s["layers"]] == [a["rows"] for a in s["affected"]]
-    assert_untouched_rows_are_base(tmp_path / "upd", tmp_path / "base", s, num_layers)
+    assert_untouched_rows_are_base(tmp_path, "upd", "base", changes, s, num_layers)
     # The update's cache is complete: conv outputs for every hidden layer, as for a full run.
     info = json.loads((tmp_path / "upd" / "emb_info.json").read_text())
     assert info["cache"]["preact"] == [f"z_{i + 1}.npy" for i in range(num_layers - 1)]
@@ -106,7 +116,7 @@ def test_cached_layers_are_their_conv_outputs_finished(tmp_path, graph):
     """h_l = finish(z_l) row by row, bit for bit: what lets a delta pass skip reading h back."""
     ckpt = make_ckpt(tmp_path / "train", graph, num_layers=3, norm="layer", steps=3)
     infer(tmp_path, "base", f"ckpt={ckpt}", "infer.batch_size=97")
-    model = load_checkpoint(str(ckpt)).model
+    model = load_model(ckpt).model
     info = json.loads((tmp_path / "base" / "emb_info.json").read_text())
     assert (
         info["cache"]["preact"] == ["z_1.npy", "z_2.npy"]
@@ -137,7 +147,7 @@ def test_chained_delta_updates(tmp_path, graph, monkeypatch):
     }
     s = run_case(tmp_path, graph, ckpt, c2, 3, base="u1", name="u2")
     assert [x["method"] for x in s["layers"]] == ["delta"] * 3
-    assert_untouched_rows_are_base(tmp_path / "u2", tmp_path / "u1", s, 3)
+    assert_untouched_rows_are_base(tmp_path, "u2", "u1", c2, s, 3)
 
 
 @pytest.mark.parametrize("arch, aggregator", [("sage", "pool"), ("mlp", "mean")])
@@ -145,8 +155,10 @@ def test_other_layers_recompute_rows_exactly(tmp_path, graph, arch, aggregator):
     ckpt = make_ckpt(tmp_path / "train", graph, arch=arch, aggregator=aggregator, num_layers=2, steps=3)
     infer(tmp_path, "base", f"ckpt={ckpt}")
     assert json.loads((tmp_path / "base" / "emb_info.json").read_text())["cache"]["preact"] == []
-    s = run_case(tmp_path, graph, ckpt, random_changes(graph, np.random.default_rng(3)), 2)
+    changes = random_changes(graph, np.random.default_rng(3))
+    s = run_case(tmp_path, graph, ckpt, changes, 2)
     assert all(x["method"] in ("rows", "full") for x in s["layers"])
+    assert_untouched_rows_are_base(tmp_path, "upd", "base", changes, s, 2, arch)
 
 
 def test_base_without_conv_outputs_falls_back(tmp_path, graph):
@@ -158,8 +170,10 @@ def test_base_without_conv_outputs_falls_back(tmp_path, graph):
     for f in info["cache"].pop("preact"):
         (tmp_path / "base" / "layers" / f).unlink()
     info_path.write_text(json.dumps(info))
-    s = run_case(tmp_path, graph, ckpt, random_changes(graph, np.random.default_rng(4)), 2)
+    changes = random_changes(graph, np.random.default_rng(4))
+    s = run_case(tmp_path, graph, ckpt, changes, 2)
     assert "delta" not in [x["method"] for x in s["layers"]]
+    assert_untouched_rows_are_base(tmp_path, "upd", "base", changes, s, 2)
     z = json.loads((tmp_path / "upd" / "emb_info.json").read_text())["cache"]["preact"]
     assert z == (["z_1.npy"] if s["layers"][0]["method"] == "full" else [])
 

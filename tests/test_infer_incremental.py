@@ -61,24 +61,54 @@ def layers(run_dir, num_layers):
     return [np.load(run_dir / "layers" / f"h_{i + 1}.npy") for i in range(num_layers)]
 
 
-def expected_affected(graph_dir, changes, num_layers) -> list[int]:
-    """The affected sets computed independently, on the updated graph's own CSC."""
+def affected_masks(graph_dir, changes, num_layers, arch="sage") -> list[np.ndarray]:
+    """Per layer, the rows a change can reach, computed independently on the updated graph's own CSC:
+    h_l(v) reads h_{l-1} of v and of its in-neighbours over v's in-edges; GCN also divides each message by
+    its source's degree, so a node whose degree changed perturbs all of its out-neighbours."""
     indptr, indices = open_csc(GraphDir(graph_dir))
     dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
     src = np.asarray(indices)
     n = len(indptr) - 1
     cur = np.zeros(n, bool)
-    cur[changes["feat_nodes"]] = True
+    cur[changes.get("feat_nodes", [])] = True
+    if arch == "mlp":  # features only: a row depends on its own features alone
+        return [cur.copy() for _ in range(num_layers)]
     touched = np.zeros(n, bool)
     for k in ("add_src", "add_dst", "remove_src", "remove_dst"):
-        touched[changes[k]] = True  # undirected: both endpoints are destinations of a changed edge
+        touched[changes.get(k, [])] = True  # undirected: both endpoints are destinations of a changed edge
+    if arch == "gcn":
+        touched[dst[touched[src]]] = True
     out = []
     for _ in range(num_layers):
         nxt = cur.copy()
         nxt[dst[cur[src]]] = True
         cur = nxt | touched
-        out.append(int(cur.sum()))
+        out.append(cur.copy())
     return out
+
+
+def expected_affected(graph_dir, changes, num_layers, arch="sage") -> list[int]:
+    """The affected set sizes computed independently, on the updated graph's own CSC."""
+    return [int(m.sum()) for m in affected_masks(graph_dir, changes, num_layers, arch)]
+
+
+def assert_unaffected_rows_are_base(run_dir, base_dir, full_dir, masks) -> None:
+    """Row values, layer by layer: outside the independently computed affected set the update kept the base
+    run's rows bit for bit (and they still equal a full recomputation, so the set is not too small); inside
+    it, the rows equal the full recomputation on the updated graph and differ from the base run."""
+    num_layers = len(masks)
+    runs = (layers(run_dir, num_layers), layers(base_dir, num_layers), layers(full_dir, num_layers))
+    trio = zip(*runs, masks, strict=True)
+    for i, (u, b, f, m) in enumerate(trio, start=1):
+        assert m.any() and not m.all(), f"layer {i}: the check needs rows on both sides"
+        assert np.array_equal(u[~m], b[~m]), (
+            f"layer {i}: a row outside the affected set is not the base run's"
+        )
+        assert np.abs(b[~m] - f[~m]).max() < 1e-5, (
+            f"layer {i}: a row outside the set changed on the new graph"
+        )
+        assert np.abs(u[m] - f[m]).max() < 1e-5, f"layer {i}: an affected row differs from the full run"
+        assert np.abs(b[m] - f[m]).max() > 1e-4, f"layer {i}: the change left every affected row as it was"
 
 
 @pytest.mark.parametrize("arch, num_layers", [("sage", 2), ("gcn", 2)])
@@ -119,6 +149,12 @@ def test_update_equals_full_recompute(tmp_path, graph, arch, num_layers):
     assert reported[0] < GraphDir(graph).num_nodes
     if arch == "sage":  # GCN adds the changed edges' sources' out-neighbours (degree normalisation)
         assert reported == expected_affected(tmp_path / "g2", changes, num_layers)
+    masks = affected_masks(tmp_path / "g2", changes, num_layers, arch)
+    assert reported == [int(m.sum()) for m in masks]
+    assert_unaffected_rows_are_base(tmp_path / "upd", tmp_path / "base", tmp_path / "full", masks)
+    emb = [np.load(tmp_path / r / "embeddings.npy") for r in ("upd", "base", "full")]
+    m = masks[num_layers - 2]  # embeddings.npy: the last hidden layer's output
+    assert np.array_equal(emb[0][~m], emb[1][~m]) and np.abs(emb[0][m] - emb[2][m]).max() < 1e-5
     assert [x["rows_computed"] for x in s["layers"]] == [r if r < 600 else 600 for r in reported]
     assert s["changes"]["edges_added"] == 2 * len(changes["add_src"]) and s["changes"][
         "edges_removed"
@@ -165,6 +201,8 @@ def test_chained_updates_compose(tmp_path, graph):
     infer(tmp_path, "full", f"ckpt={ckpt}", f"graph_dir={tmp_path / 'g3'}")
     for u, f in zip(layers(tmp_path / "u2", 2), layers(tmp_path / "full", 2), strict=True):
         assert np.abs(u - f).max() < 1e-5
+    masks = affected_masks(tmp_path / "g3", c2, 2)
+    assert_unaffected_rows_are_base(tmp_path / "u2", tmp_path / "u1", tmp_path / "full", masks)
     assert (
         s["changes"]["edges_added"] == 2
         and s["changes"]["edges_removed"] == 2

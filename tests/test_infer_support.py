@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from gnnscale.config import compose_config
 from gnnscale.inference.layerwise import full_graph_forward
 from gnnscale.models import build_model, model_signature, signature_hash
-from gnnscale.storage.csc import to_dgl_graph
+from gnnscale.sampling.graph import to_dgl_graph
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 
@@ -76,9 +76,9 @@ def make_ckpt(
 
 def reference_layers(ckpt_path: Path, graph_dir: Path, train_mode: bool = False) -> list[np.ndarray]:
     """Every layer of the model's full-graph forward pass (eval mode unless train_mode)."""
-    from gnnscale.inference.checkpoint import load_checkpoint
+    from gnnscale.models.checkpoint import load_model
 
-    ck = load_checkpoint(str(ckpt_path))
+    ck = load_model(ckpt_path)
     graph = GraphDir(graph_dir)
     g = to_dgl_graph(graph).formats(["csc", "csr", "coo"])
     x = FeatureStore(graph, in_memory=True).gather(torch.arange(graph.num_nodes))

@@ -14,7 +14,8 @@ from gnnscale.cli import app
 from gnnscale.config import compose_config
 from gnnscale.errors import ConfigError
 from gnnscale.stages import pipeline, train
-from tests.conftest import TINY_SYNTHETIC, compose
+from gnnscale.storage.run_dir import KEY_FILE
+from tests.conftest import NEIGHBOURHOOD_DECIDES, TINY_SYNTHETIC, compose
 
 runner = CliRunner()
 STAGES = ["shard", "build_csr", "train", "infer"]
@@ -74,7 +75,7 @@ def test_each_stage_gets_only_its_own_config(first):
     assert "stages" not in tcfg and "infer" not in tcfg and tcfg["train"]["epochs"] == 6
     # The pipeline's key is the hash the train stage itself records: `gnnscale train` with the same
     # options computes the same one.
-    key = json.loads((train_dir / pipeline.KEY_FILE).read_text())
+    key = json.loads((train_dir / KEY_FILE).read_text())
     assert (
         key["config_hash"]
         == torch.load(train_dir / "checkpoints" / "last.pt", weights_only=True)["config_hash"]
@@ -137,6 +138,32 @@ def test_interrupted_train_is_resumed(tmp_path, monkeypatch):
     assert tr["run_dir"] == str(tmp_path / "runs" / "cut" / "train")
     assert (tr["resumed_from_epoch"], tr["epochs_run"]) == (3, 6)
     assert s["stages"]["infer"]["test_acc"] > 0.8
+
+
+def test_message_passing_beats_features_only_end_to_end(tmp_path):
+    """Train and layer-wise inference of a GNN against a features-only MLP with the same settings, on a graph
+    where only the neighbourhood tells the classes apart: a broken message-passing path in either fails."""
+    runs = {}
+    for arch in ("sage", "mlp"):
+        cfg = compose(
+            "pipeline",
+            f"graph_dir={tmp_path / 'graph'}",
+            f"run_dir={tmp_path / 'runs' / arch}",
+            *NEIGHBOURHOOD_DECIDES,
+            "+exp=debug_tiny",
+            "train.epochs=10",
+            f"model={arch}",
+        )
+        runs[arch] = pipeline.run(cfg)["stages"]
+        assert OmegaConf.load(tmp_path / "runs" / arch / "train" / "config.yaml")["model"]["arch"] == arch
+    gnn, mlp = runs["sage"], runs["mlp"]
+    for stage in ("train", "infer"):
+        assert mlp[stage]["test_acc"] < 0.5, (stage, mlp[stage]["test_acc"])  # 3 classes: chance is 1/3
+        assert gnn[stage]["test_acc"] >= mlp[stage]["test_acc"] + 0.15, (
+            stage,
+            gnn[stage]["test_acc"],
+            mlp[stage]["test_acc"],
+        )
 
 
 def test_presets_and_stage_options_compose():

@@ -14,7 +14,7 @@ import torch
 
 from gnnscale.sampling import blocks as blocks_mod
 from gnnscale.sampling.neighbor import NeighborBlockSampler
-from gnnscale.storage.csc import to_dgl_graph
+from gnnscale.sampling.graph import to_dgl_graph
 from gnnscale.storage.graph_dir import GraphDir
 from tests.conftest import TINY_SYNTHETIC, build_graph
 
@@ -92,7 +92,7 @@ SAMPLE_TWICE = textwrap.dedent(
     import hashlib, sys, torch, dgl
     from gnnscale.sampling import set_sampling_threads
     from gnnscale.sampling.neighbor import NeighborBlockSampler
-    from gnnscale.storage.csc import to_dgl_graph
+    from gnnscale.sampling.graph import to_dgl_graph
     from gnnscale.storage.graph_dir import GraphDir
     g = to_dgl_graph(GraphDir(sys.argv[1]))
     set_sampling_threads(3)  # more threads than CI's cores: their order must not matter

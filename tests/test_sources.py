@@ -582,6 +582,36 @@ def test_ogb_bad_inputs(tmp_path):
     )
 
 
+@pytest.mark.parametrize("part", ["train", "valid", "test"])
+@pytest.mark.parametrize("content", [[], [""]], ids=["no-bytes", "blank-line"])
+def test_ogb_empty_split_file_is_refused(tmp_path, part, content):
+    from typer.testing import CliRunner
+
+    from gnnscale.cli import app
+
+    root = tmp_path / "ogbn_toy"
+    write_ogb(root)
+    empty = root / "split" / "time" / f"{part}.csv.gz"
+    write_gz(empty, content)
+    err = shard_fails(tmp_path, "data=ogb", f"data.path={root}")
+    assert f"OGB split file '{empty}' lists no node ids" in err.message
+    assert "data.use_source_split=false" in err.hint
+    args = [
+        "shard",
+        f"graph_dir={tmp_path / 'g'}",
+        f"run_dir={tmp_path / 'r'}",
+        "data=ogb",
+        f"data.path={root}",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "lists no node ids" in result.stderr
+    # The way out the hint names works: the seeded random split covers every labelled node.
+    meta = load_graph(
+        build_graph(tmp_path / "ok", "data=ogb", f"data.path={root}", "data.use_source_split=false")
+    )["meta"]
+    assert meta["splits"]["origin"] == "random" and min(split_counts(meta)) > 0
+
+
 # ---------------------------------------------------------------- the CLI
 def run_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DGLBACKEND": "pytorch"}

@@ -11,7 +11,8 @@ import torch
 
 from gnnscale.config import compose_config
 from gnnscale.datasets import build_source
-from gnnscale.storage.csc import open_csc, to_dgl_graph
+from gnnscale.sampling.graph import to_dgl_graph
+from gnnscale.storage.csc import open_csc
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.utils.atomic import sha256_file
@@ -137,3 +138,21 @@ def test_random_split_follows_fractions_and_seed(tmp_path):
     assert (
         abs(splits["train"] - 300) < 45 and abs(splits["val"] - 150) < 40 and abs(splits["test"] - 150) < 40
     )
+    # The stage seed (`seed=`) draws the split; data.seed (the graph itself) stays fixed.
+    fractions = "data.split_fractions=[0.5,0.25,0.25]"
+    same = build_graph(tmp_path / "same", *TINY_SYNTHETIC, fractions, csc=False)
+    other = build_graph(tmp_path / "other", *TINY_SYNTHETIC, fractions, "seed=1", csc=False)
+    shards = [[(p / s["file"]).read_bytes() for s in GraphDir(p).meta["shards"]] for p in (g, same, other)]
+    assert shards[0] == shards[1]  # same seed: byte-identical shards
+    assert shards[0] != shards[2]
+    masks = {
+        p: [
+            torch.cat([GraphDir(p).shard(i)[k] for i in range(3)])
+            for k in ("train_mask", "val_mask", "test_mask")
+        ]
+        for p in (g, other)
+    }
+    assert all(not torch.equal(a, b) for a, b in zip(masks[g], masks[other], strict=True))
+    ids = torch.arange(600)
+    assert torch.equal(FeatureStore(GraphDir(g)).gather(ids), FeatureStore(GraphDir(other)).gather(ids))
+    assert GraphDir(other).meta["splits"]["origin"] == "random"

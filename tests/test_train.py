@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from gnnscale.cli import app
 from gnnscale.errors import ConfigError, GraphDirError
 from gnnscale.stages import train
-from tests.conftest import TINY_SYNTHETIC, build_graph, compose
+from tests.conftest import NEIGHBOURHOOD_DECIDES, TINY_SYNTHETIC, build_graph, compose
 
 runner = CliRunner()
 CKPT_KEYS = {
@@ -32,6 +32,8 @@ CKPT_KEYS = {
 SHORT = ("train.epochs=10", "train.patience=0", "train.batch_size=64", "train.lr=0.01", "model.hidden=32")
 # Clearer class signal than the shared tiny graph, so "learns" is far from chance in a few epochs.
 TINY = (*TINY_SYNTHETIC, "data.feature_signal=1.0")
+# Computed values in a metrics.jsonl line; the rest are times, rates and memory readings.
+COMPUTED = ("epoch", "loss", "train_acc", "lr", "val_acc", "val_loss", "steps", "best")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +98,25 @@ def test_preset_learns_and_writes_the_run_dir(tmp_path, graph, preset, extra):
     assert best["best_val"] == pytest.approx(max(r["val_acc"] for r in records), abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def hard_graph(tmp_path_factory):
+    return build_graph(tmp_path_factory.mktemp("hard"), *NEIGHBOURHOOD_DECIDES)
+
+
+@pytest.mark.parametrize("preset", ["debug_tiny", "sage_2hop", "sage_3hop", "gcn_2hop"])
+def test_message_passing_beats_features_only(tmp_path, hard_graph, preset):
+    """The GNN and a features-only MLP with the same settings: only the neighbourhood tells the classes apart."""
+    import yaml
+
+    gnn, gnn_dir = run_train(tmp_path, hard_graph, f"+exp={preset}", *SHORT, name="gnn")
+    mlp, mlp_dir = run_train(tmp_path, hard_graph, f"+exp={preset}", *SHORT, "model=mlp", name="mlp")
+    archs = [yaml.safe_load((d / "config.yaml").read_text())["model"]["arch"] for d in (gnn_dir, mlp_dir)]
+    assert archs[0] in ("sage", "gcn") and archs[1] == "mlp"
+    assert mlp["test_acc"] < 0.5, mlp["test_acc"]  # 3 balanced classes: chance is 1/3
+    assert gnn["test_acc"] >= mlp["test_acc"] + 0.15, (gnn["test_acc"], mlp["test_acc"])
+    assert gnn["val_acc"] >= mlp["val_acc"] + 0.15, (gnn["val_acc"], mlp["val_acc"])
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_trains(tmp_path, graph, precision):
     summary, run_dir = run_train(tmp_path, graph, "+exp=debug_tiny", f"precision={precision}")
@@ -122,6 +143,15 @@ def test_mmap_features_and_memory_features_train_alike(tmp_path, graph):
     )
     assert (a["feature_cache"], b["feature_cache"]) == ("memory", "mmap")
     assert a["test_acc"] == pytest.approx(b["test_acc"], abs=1e-6)
+    # Same rows, same order, same arithmetic: every computed value and every weight is identical.
+    runs = [tmp_path / "mem", tmp_path / "mmap"]
+    computed = [[{k: r[k] for k in COMPUTED if k in r} for r in read_metrics(d)] for d in runs]
+    assert len(computed[0]) == 2 and all("loss" in r and "val_acc" in r for r in computed[0])
+    assert computed[0] == computed[1]
+    weights = [torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in runs]
+    assert weights[0].keys() == weights[1].keys()
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), key
 
 
 def test_sampled_features_align_with_full_graph_computation(graph):
@@ -189,7 +219,7 @@ def test_existing_run_dir_is_not_silently_reused(tmp_path, graph):
 
 
 def test_metrics_match_reference_values():
-    from gnnscale.training.metrics import class_weights, compute_metric
+    from gnnscale.tasks.metrics import class_weights, compute_metric
 
     y = torch.tensor([0, 0, 1, 1])
     logits = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.4, 0.6], [0.2, 0.8]])

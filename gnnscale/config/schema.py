@@ -132,7 +132,6 @@ class ShardOptions:
 @dataclass
 class CscOptions:
     validate: bool = True
-    chunk_edges: int = 16_000_000
 
 
 @dataclass
@@ -234,7 +233,6 @@ class TrainOptions:
     feature_cache: str = "auto"  # auto | memory | mmap: hold features in RAM or gather from the shards
     feature_cache_budget_mb: float = 2048.0  # auto: in memory when the feature matrix fits this
     device: str = "auto"  # auto | cpu | cuda
-    log_every: int = 0  # also log every N steps to metrics.jsonl; 0 = per epoch only
     few_labels: FewLabelsOptions = field(default_factory=FewLabelsOptions)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
 from gnnscale.datasets.base import NodeBlock, Source
 from gnnscale.errors import ConfigError
+from gnnscale.storage.run_dir import config_hash
 
 
 def build_source(data_cfg) -> Source:
@@ -36,4 +39,11 @@ def build_source(data_cfg) -> Source:
     raise ConfigError(f"unknown data source '{kind}'", "choose data=synthetic|planetoid|npz|edgelist|dgl|ogb")
 
 
-__all__ = ["build_source", "Source", "NodeBlock"]
+def source_fingerprint(cfg) -> str:
+    """What determines a graph_dir's content: the data config and the shard size."""
+    return config_hash(
+        {"data": OmegaConf.to_container(cfg.data, resolve=True), "nodes_per_shard": cfg.shard.nodes_per_shard}
+    )
+
+
+__all__ = ["build_source", "source_fingerprint", "Source", "NodeBlock"]

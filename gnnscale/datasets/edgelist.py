@@ -2,7 +2,7 @@
 
 The edge file is read in chunks of `data.chunk_edges` rows, so it never sits whole in memory;
 `.gz` files are read compressed. Lines starting with `#` are comments (SNAP files), a first line
-that is not two integers is a header, and columns after the first two (weights) are ignored.
+in which no field is a number is a header, and columns after the first two (weights) are ignored.
 The .npy files are memory-mapped.
 """
 
@@ -37,13 +37,13 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", errors="replace") if path.suffix == ".gz" else open(path, errors="replace")
 
 
-def first_line(path: Path) -> str:
-    """The first line that is neither blank nor a `#` comment."""
+def first_line(path: Path) -> tuple[int, str]:
+    """(1-based line number, text) of the first line that is neither blank nor a `#` comment."""
     try:
         with _open_text(path) as fh:
-            for line in fh:
+            for number, line in enumerate(fh, start=1):
                 if line.strip() and not line.lstrip().startswith("#"):
-                    return line.rstrip("\r\n")
+                    return number, line.rstrip("\r\n")
     except (OSError, EOFError, zlib.error) as exc:
         raise DataError(f"cannot read edge file '{path}': {exc}", "check data.path=") from None
     raise DataError(f"edge file '{path}' holds no edges", EDGE_HINT)
@@ -69,13 +69,32 @@ def _fields(line: str, sep: str) -> list[str]:
     return line.split() if sep == r"\s+" else [f.strip() for f in line.split(sep)]
 
 
-def has_header(line: str, sep: str) -> bool:
+def _is_number(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
+def has_header(line: str, sep: str, path: Path | str = "", number: int = 1) -> bool:
+    """True for a header line (no field is a number), False for an edge line; anything else is refused.
+
+    A line such as `0,1.5` is data gone wrong, not column names: dropping it as a header would lose an
+    edge and hide the problem, so it is an error that names the line.
+    """
+    where = f"line {number} of edge file '{path}'" if path else f"line {number} of the edge file"
     fields = _fields(line, sep)
     if len(fields) < 2:
-        raise DataError(f"the edge file's first line {line!r} has fewer than two columns", EDGE_HINT)
+        raise DataError(f"{where} ({line!r}) has fewer than two columns", EDGE_HINT)
     try:
         int(fields[0]), int(fields[1])
     except ValueError:
+        if any(_is_number(f) for f in fields):
+            raise DataError(
+                f"{where} ({line!r}) is neither an edge (two integer node ids) nor a header (no numbers)",
+                f"fix or delete line {number}; {EDGE_HINT}",
+            ) from None
         return True
     return False
 
@@ -159,9 +178,9 @@ class EdgelistSource(Source):
         stem = self.path.name[: -len(".gz")] if self.path.name.endswith(".gz") else self.path.name
         self.name = Path(stem).stem if cfg.name in ("auto", "", None) else str(cfg.name)
         self.chunk_edges = int(cfg.chunk_edges)
-        line = first_line(self.path)
+        number, line = first_line(self.path)
         self.sep = detect_delimiter(line, str(cfg.delimiter))
-        self.header = has_header(line, self.sep)
+        self.header = has_header(line, self.sep, self.path, number)
         if not cfg.labels:
             # Without labels every node would be unlabelled, and nothing could be trained or scored.
             raise DataError(

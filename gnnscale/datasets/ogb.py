@@ -109,12 +109,21 @@ def find_split_dir(root: Path, setting: str) -> Path | None:
     return folder / names[0]
 
 
+def _empty_split(path: Path) -> DataError:
+    # OGB ships every split non-empty; an empty file is a truncated download or a broken export, and
+    # taken as is it would train on nothing (train) or report no score (valid/test) without a word.
+    return DataError(
+        f"OGB split file '{path}' lists no node ids",
+        "re-download the dataset folder, or set data.use_source_split=false for a seeded random split",
+    )
+
+
 def read_ids(path: Path, n: int) -> np.ndarray:
     require_file(path, "OGB split file", "data.split_name")
     try:
         frame = pd.read_csv(path, header=None, dtype=np.int64)
     except pd.errors.EmptyDataError:
-        return np.empty(0, dtype=np.int64)
+        raise _empty_split(path) from None
     except READ_ERRORS as exc:
         raise DataError(
             f"'{path}' must hold one integer node id per line: {_short(exc)}",
@@ -126,7 +135,9 @@ def read_ids(path: Path, n: int) -> np.ndarray:
             "re-download the dataset folder",
         )
     ids = np.sort(frame.to_numpy().ravel())
-    if len(ids) and (ids[0] < 0 or ids[-1] >= n):
+    if not len(ids):
+        raise _empty_split(path)
+    if ids[0] < 0 or ids[-1] >= n:
         bad = ids[0] if ids[0] < 0 else ids[-1]
         raise DataError(
             f"'{path}' names node {int(bad)}, outside 0..{n - 1}", "the split does not belong to this dataset"

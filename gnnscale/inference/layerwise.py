@@ -144,25 +144,13 @@ def copy_shard_features(graph, out) -> None:
         out.release()
 
 
-class _Preactivation(torch.nn.Module):
-    """Stands in for conv i inside layer_forward, which then applies only what follows the conv."""
-
-    def forward(self, block, z: torch.Tensor) -> torch.Tensor:
-        return z
-
-
 def finish_layer(model, i: int, z: torch.Tensor) -> torch.Tensor:
     """Layer i's output from its conv's output z (norm, activation, dropout in eval: row-wise, exact).
 
-    Taken from layer_forward itself (with the conv swapped out), so the cached pre-activations and the
-    outputs can never follow two versions of the model. May modify z in place (relu_).
+    The model's own post-conv step, which layer_forward also uses, so the cached pre-activations and
+    the outputs can never follow two versions of the model. May modify z in place (relu_).
     """
-    conv = model.layers[i]
-    model.layers[i] = _Preactivation()
-    try:
-        return model.layer_forward(i, None, z)
-    finally:
-        model.layers[i] = conv
+    return model.after_conv(i, z)
 
 
 def caches_preactivation(model, i: int) -> bool:
@@ -286,22 +274,16 @@ def run_layers(
     *,
     mode: str,
     batch_size: int,
-    rows: Sequence[np.ndarray | None] | None = None,
-    create: bool | Sequence[bool] = True,
     preact: Sequence[Path | None] | None = None,
     device: torch.device = torch.device("cpu"),
     progress: Callable[[int, int, int], None] | None = None,
 ) -> list[LayerStats]:
-    """Compute layer outputs into `paths` (one .npy per layer), and conv outputs into preact[l] where given.
-
-    rows[l] = the sorted node ids layer l must (re)compute, or None for every node. Where create[l] is False
-    the file exists already (copied from a previous run) and only those rows are overwritten.
-    progress(layer, done_rows, total_rows) is called after every batch.
+    """Every node's layer outputs into `paths` (one .npy per layer), and conv outputs into preact[l] where
+    given. progress(layer, done_rows, total_rows) is called after every batch. (An update's layers:
+    inference/update.py, over the same compute_layer.)
     """
     n = adj.num_nodes
     num_layers = model.num_layers
-    rows = list(rows) if rows is not None else [None] * num_layers
-    create = [create] * num_layers if isinstance(create, bool) else list(create)
     preact = list(preact) if preact is not None else [None] * num_layers
     ctx = LayerContext(model, adj, device)
     stats: list[LayerStats] = []
@@ -309,20 +291,19 @@ def run_layers(
     with torch.no_grad():
         for layer in range(num_layers):
             t0 = time.time()
-            todo = rows[layer]
             inp, in_place = open_input(
                 features,
                 layer,
                 prev,
                 ctx.in_place(layer),
-                todo,
+                None,
                 n,
                 model.dims[0],
                 Path(paths[0]).with_name("h_0.npy.partial"),
                 mode,
             )
             dim = model.dims[layer + 1]
-            out = LayerFile(paths[layer], shape=(n, dim) if create[layer] else None, mode=mode)
+            out = LayerFile(paths[layer], shape=(n, dim), mode=mode)
             # Nobody reads the conv outputs in this run: they bypass the page cache (streamfile.py).
             z_out = StreamWriter(preact[layer], (n, dim)) if preact[layer] else None
             total, edges = compute_layer(
@@ -332,7 +313,6 @@ def run_layers(
                 in_place,
                 out,
                 batch_size=batch_size,
-                rows=todo,
                 z_out=z_out,
                 progress=progress,
             )

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from gnnscale.storage.graph_dir import GraphDir
-from gnnscale.utils.atomic import atomic_path, fsync_dir
+from gnnscale.storage.run_dir import EMB_INFO, EMBEDDINGS, config_hash
+from gnnscale.utils.atomic import atomic_path, fsync_dir, write_json
 
 _CHUNK = 1 << 16
 
@@ -77,3 +78,31 @@ def accuracy(
         return None
     correct = np.asarray(pred)[keep] == labels[ids[keep]]
     return {"split": split, "accuracy": round(float(correct.mean()), 6), "labelled_nodes": int(keep.sum())}
+
+
+def emb_info(emb: np.ndarray, layer: int, ck, graph: GraphDir, mode: str, node_order: str, **extra) -> dict:
+    """What embeddings.npy holds and what produced it: the one place emb_info.json is assembled."""
+    return {
+        "file": EMBEDDINGS,
+        "shape": list(emb.shape),
+        "dtype": str(emb.dtype),
+        "layer": layer,
+        "num_layers": ck.num_layers,
+        "layer_kind": "logits" if layer == ck.num_layers else f"hidden (input of layer {layer + 1})",
+        "node_order": node_order,
+        "mode": mode,
+        "graph_dir": str(graph.path.resolve()),
+        "graph_name": graph.meta["name"],
+        "graph_shards_sha256": [s["sha256"] for s in graph.meta["shards"]],
+        "ckpt": str(ck.path.resolve()),
+        "signature_hash": ck.signature_hash,
+        "weights_hash": ck.weights_hash,
+        "model_cfg": ck.model_cfg,
+        "model_cfg_hash": config_hash(ck.model_cfg),
+        **extra,
+    }
+
+
+def write_emb_info(run_dir: Path, record: dict) -> None:
+    """Written last: its presence marks a complete infer run."""
+    write_json(run_dir / EMB_INFO, record)

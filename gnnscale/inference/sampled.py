@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from gnnscale.errors import ConfigError, DataError
+from gnnscale.inference.outputs import accuracy, emb_info, write_emb_info, write_predictions
+from gnnscale.sampling import set_sampling_threads
+from gnnscale.sampling.graph import to_dgl_graph
+from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.run_dir import EMBEDDINGS, PREDICTIONS
+from gnnscale.utils.atomic import atomic_path
+from gnnscale.utils.ui import info, make_progress
 
 SPLITS = ("train", "val", "test")
 
@@ -98,3 +106,59 @@ def sampled_infer(
             if progress is not None:
                 progress(min(lo + batch_size, len(uniq)), len(uniq))
     return emb[inv], logits[inv]
+
+
+def run_sampled(ck, graph: GraphDir, layer: int, run_dir: Path, opts, seed: int, device) -> dict:
+    """The sampled inference of opts.nodes into run_dir; returns the stage's summary fields."""
+    nodes, what = resolve_nodes(opts.nodes, graph)
+    fanouts = resolve_fanouts(list(opts.fanouts), ck.num_layers)
+    info(f"sampled inference for {what} ({len(nodes):,}), fanouts {fanouts}")
+    model = ck.model.to(device)
+    set_sampling_threads(torch.get_num_threads())  # seeded draws that repeat in any process
+    g = to_dgl_graph(graph)
+    t0 = time.time()
+    with make_progress() as bar:
+        task = bar.add_task("sampled batches", total=len(nodes), extra="")
+        emb, logits = sampled_infer(
+            model,
+            g,
+            FeatureStore(graph),
+            nodes,
+            fanouts,
+            layer,
+            opts.batch_size,
+            seed,
+            device,
+            progress=lambda d, t: bar.update(task, completed=d),
+        )
+    compute_s = time.time() - t0
+    t1 = time.time()
+    for name, arr in (("node_ids.npy", nodes), (EMBEDDINGS, emb)):
+        with atomic_path(run_dir / name) as tmp, open(tmp, "wb") as fh:
+            np.save(fh, arr)
+    files = write_predictions(logits, run_dir, opts.probabilities)
+    split = opts.nodes if opts.nodes in SPLITS else "all"
+    metric = accuracy(np.load(run_dir / PREDICTIONS), graph, split, nodes)
+    node_order = "row i is global node id node_ids.npy[i]"
+    write_emb_info(
+        run_dir,
+        emb_info(emb, layer, ck, graph, "sampled", node_order, fanouts=fanouts, seed=seed, cache=None),
+    )
+    return {
+        "stage": "infer",
+        "mode": "sampled",
+        "ckpt": str(ck.path),
+        "graph_dir": str(graph.path),
+        "num_nodes": int(len(nodes)),
+        "nodes": what,
+        "num_layers": ck.num_layers,
+        "fanouts": fanouts,
+        "batch_size": int(opts.batch_size),
+        "infer_time_s": round(compute_s, 3),
+        "nodes_per_s": round(len(nodes) / max(compute_s, 1e-9)),
+        "publish_time_s": round(time.time() - t1, 3),
+        "embeddings": {"shape": list(emb.shape), "layer": layer},
+        "files": {"node_ids": "node_ids.npy", "embeddings": EMBEDDINGS, **files},
+        "metric": metric,
+        "test_acc": metric["accuracy"] if metric and metric["split"] == "test" else None,
+    }

@@ -171,6 +171,8 @@ def update_layers(
             projected = plan_projected[layer]
             next_projected = hidden and plan_projected[layer + 1]
             next_reads = hidden and methods[layer + 1] in ("full", "rows") and not next_projected
+            finish = (lambda z, i=layer: finish_layer(model, i, z)) if hidden else None
+            layer_progress = (lambda done, total, i=layer: progress(i, done, total)) if progress else None
             if method == "reused":
                 _link(inputs.base_h[layer], out_path)
                 wrote = z_path is not None and base_z is not None and hidden
@@ -185,16 +187,12 @@ def update_layers(
                 )
                 z_old = StreamReader(base_z, batch_size)
                 proj_next = Projections(model.layers[layer + 1], n) if next_projected else None
-                out = (
-                    LayerFile(out_path, shape=(n, dim), mode=mode)
-                    if next_reads
-                    else StreamWriter(out_path, (n, dim))
-                )
+                out = _output(out_path, (n, dim), mode, next_reads)
                 z_out = StreamWriter(z_path, (n, dim)) if z_path is not None else None
                 try:
                     ds = propagate_layer(
                         conv,
-                        (lambda z, i=layer: finish_layer(model, i, z)) if hidden else None,
+                        finish,
                         delta_in,
                         affected,
                         inputs.adj_old,
@@ -205,9 +203,7 @@ def update_layers(
                         batch_size=batch_size,
                         next_inputs=nxt,
                         project=proj_next,
-                        progress=(lambda done, total, i=layer: progress(i, done, total))
-                        if progress
-                        else None,
+                        progress=layer_progress,
                     )
                 finally:
                     z_old.close()
@@ -220,11 +216,7 @@ def update_layers(
                 detail = {**detail, **ds.as_detail()}
                 wrote = z_out is not None
             elif projected:
-                out = (
-                    StreamWriter(out_path, (n, dim))
-                    if not (hidden and methods[layer + 1] in ("full", "rows"))
-                    else LayerFile(out_path, shape=(n, dim), mode=mode)
-                )
+                out = _output(out_path, (n, dim), mode, next_reads)
                 z_out = StreamWriter(z_path, (n, dim)) if z_path is not None else None
                 keep = _Restore(affected, n, inputs.base_h[layer], base_z if hidden else None)
                 edges_done = layer_from_projections(
@@ -232,10 +224,10 @@ def update_layers(
                     adj,
                     out,
                     z_out,
-                    (lambda z, i=layer: finish_layer(model, i, z)) if hidden else None,
+                    finish,
                     keep,
                     batch_size=batch_size,
-                    progress=(lambda done, total, i=layer: progress(i, done, total)) if progress else None,
+                    progress=layer_progress,
                 )
                 projections = None
                 for f in (z_out, keep, out if isinstance(out, StreamWriter) else None):
@@ -297,6 +289,11 @@ def update_layers(
     if prev is not None:
         prev.close()
     return stats, wrote_z
+
+
+def _output(path: Path, shape: tuple[int, int], mode: str, read_next: bool):
+    """A layer's output file: mapped when the next layer reads it back, else streamed past the page cache."""
+    return LayerFile(path, shape=shape, mode=mode) if read_next else StreamWriter(path, shape)
 
 
 class _Restore:

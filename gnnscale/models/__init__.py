@@ -58,6 +58,13 @@ class GNN(nn.Module):
             h = self.layers[i](h[: block.num_dst_nodes()])
         else:
             h = self.layers[i](block, h)
+        return self.after_conv(i, h)
+
+    def after_conv(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """What layer i applies to its conv's output: norm, activation, dropout (none on the last layer).
+
+        Row-wise, so inference can cache conv outputs and finish them later (inference/propagate.py).
+        """
         if i < self.num_layers - 1:
             # In place: the layer's last op (a bias add) does not keep its output for backward, so this
             # saves one [rows, hidden] tensor per layer (autograd would refuse if that ever changed).

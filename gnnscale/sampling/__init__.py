@@ -1,19 +1,21 @@
 """Samplers (`sampler=`) and loaders: plain factories over DGL's samplers and DataLoader.
 
-`build_sampler(cfg, num_layers)` maps a sampler config to a DGL block sampler (`neighbor`: DGL's
-neighbour draws, relabelled by gnnscale; see sampling/neighbor.py); `build_loader` wraps it in a
-seeded, shuffling `dgl.dataloading.DataLoader`. Only `neighbor` exists now; the
-other formations of DESIGN §6 (weighted, random_walk, labor, cluster_gcn, full) register one
-function each in SAMPLERS with the same signature and need no change elsewhere.
+`build_sampler(cfg, num_layers)` maps a sampler config to a sampler; `build_loader` turns it into an
+iterable of `Batch` (sampling/batch.py) over a seed set, seeded and shuffling. A block sampler (a
+`dgl.dataloading.BlockSampler`, like `neighbor`: DGL's draws relabelled by gnnscale, see
+sampling/neighbor.py) runs inside DGL's DataLoader; a sampler that makes its own batches (a subgraph
+formation) has a `loader(g, seeds, batch_size, shuffle, num_workers, drop_last)` method instead.
+Adding one: a file in sampling/ and one entry in SAMPLERS with the same factory signature.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from gnnscale.errors import ConfigError
+from gnnscale.sampling.batch import Batch
 
 
 def check_fanouts(fanouts: Sequence[int], num_layers: int, key: str = "sampler.fanouts") -> list[int]:
@@ -38,7 +40,7 @@ def _neighbor(cfg, num_layers: int, fanouts: Sequence[int] | None):
     return NeighborBlockSampler(fanouts, replace=bool(cfg.get("replace", False)))
 
 
-# kind -> factory(cfg, num_layers, fanouts_override) -> a dgl.dataloading block sampler
+# kind -> factory(cfg, num_layers, fanouts_override) -> a block sampler, or an object with .loader(...)
 SAMPLERS: dict[str, Callable] = {"neighbor": _neighbor}
 
 
@@ -56,6 +58,20 @@ def build_sampler(cfg, num_layers: int, fanouts: Sequence[int] | None = None):
     return SAMPLERS[cfg.kind](cfg, num_layers, fanouts)
 
 
+class BlockLoader:
+    """Batches of a DGL block sampler: DGL's DataLoader, each (input_nodes, seeds, blocks) as a Batch."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        it = iter(self.loader)  # the shuffle is drawn now, in the caller's thread, after its reseed
+        return (Batch(input_nodes, seeds, blocks=blocks) for input_nodes, seeds, blocks in it)
+
+
 def build_loader(
     g,
     seeds: torch.Tensor,
@@ -65,25 +81,30 @@ def build_loader(
     num_workers: int = 0,
     drop_last: bool = False,
 ):
-    """A DGL DataLoader over `seeds`. Shuffling draws from numpy's global RNG and sampling from
+    """An iterable of Batch over `seeds`. Shuffling draws from numpy's global RNG and sampling from
     DGL's, both reseeded per epoch by the training loop, so every epoch is reproducible."""
     import dgl
 
+    own = getattr(sampler, "loader", None)
+    if own is not None:
+        return own(g, seeds, batch_size, shuffle, num_workers, drop_last)
     kwargs = {}
     if num_workers > 0:
         # Workers inherit DGL's RNG state by fork; reseed each from torch's per-worker seed
         # (itself drawn from the reseeded main RNG) so workers differ and runs still repeat.
         kwargs["worker_init_fn"] = _seed_worker
         kwargs["persistent_workers"] = False
-    return dgl.dataloading.DataLoader(
-        g,
-        seeds,
-        sampler,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        num_workers=num_workers,
-        **kwargs,
+    return BlockLoader(
+        dgl.dataloading.DataLoader(
+            g,
+            seeds,
+            sampler,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            **kwargs,
+        )
     )
 
 
@@ -126,6 +147,7 @@ def _seed_worker(worker_id: int) -> None:
 
 __all__ = [
     "SAMPLERS",
+    "Batch",
     "build_loader",
     "build_sampler",
     "check_fanouts",

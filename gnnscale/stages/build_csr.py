@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
-from gnnscale.stages.common import make_run_dir, metered, write_summary
+from gnnscale.stages.common import metered
 from gnnscale.storage.csc import build_csc, open_csc
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 

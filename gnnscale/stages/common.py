@@ -1,41 +1,12 @@
-"""What every stage does around its work: run_dir, resolved config, timing, peak memory, summary."""
+"""What every stage does around its work: timing and peak memory (the run_dir itself: storage/run_dir.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from contextlib import contextmanager
-from datetime import datetime
-from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
-from gnnscale.utils.atomic import write_json, write_text
 from gnnscale.utils.memory import MemorySampler, peak_rss_mb
-from gnnscale.utils.ui import is_rank_zero
-
-
-def config_hash(node) -> str:
-    """A stable short hash of a config subtree (what produced an artifact)."""
-    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def make_run_dir(cfg: DictConfig, stage: str) -> Path:
-    """cfg.run_dir if set, else runs/<stage>/<timestamp>; created with the resolved config inside."""
-    if cfg.get("run_dir"):
-        run_dir = Path(cfg.run_dir)
-    else:
-        base = Path("runs") / stage / datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir, k = base, 1
-        while run_dir.exists():
-            run_dir, k = Path(f"{base}-{k}"), k + 1
-    if is_rank_zero():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    return run_dir
 
 
 class StageMeter:
@@ -47,11 +18,16 @@ class StageMeter:
         self.wall_s = 0.0
 
     def stats(self) -> dict:
+        """Memory values that could not be read are None (JSON null), so no target passes on a 0."""
+
+        def mb(value: float | None) -> float | None:
+            return None if value is None else round(value, 1)
+
         return {
             "wall_time_s": round(self.wall_s, 3),
-            "peak_rss_mb": round(max(self.sampler.peak_rss_mb, 0.0), 1),
-            "peak_anon_mb": round(self.sampler.peak_anon_mb, 1),
-            "max_rss_mb": round(peak_rss_mb(), 1),
+            "peak_rss_mb": mb(self.sampler.peak_rss_mb),
+            "peak_anon_mb": mb(self.sampler.peak_anon_mb),
+            "max_rss_mb": mb(peak_rss_mb()),
         }
 
 
@@ -64,11 +40,6 @@ def metered():
             yield meter
         finally:
             meter.wall_s = time.time() - meter.t0
-
-
-def write_summary(run_dir: Path, summary: dict) -> None:
-    if is_rank_zero():
-        write_json(Path(run_dir) / "summary.json", summary)
 
 
 def cpu_count() -> int:

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from gnnscale.datasets import build_source
-from gnnscale.stages.common import config_hash, make_run_dir, metered, write_summary
+from gnnscale.datasets import build_source, source_fingerprint
+from gnnscale.stages.common import metered
+from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.storage.shard_writer import EdgePolicy, ShardWriter
 from gnnscale.utils.ui import info, make_progress, summary_table
-
-
-def source_fingerprint(cfg: DictConfig) -> str:
-    """What determines a graph_dir's content: the data config and the shard size."""
-    return config_hash(
-        {"data": OmegaConf.to_container(cfg.data, resolve=True), "nodes_per_shard": cfg.shard.nodes_per_shard}
-    )
 
 
 def run(cfg: DictConfig) -> dict:

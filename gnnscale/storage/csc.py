@@ -11,7 +11,6 @@ import shutil
 import time
 
 import numpy as np
-import torch
 
 from gnnscale.errors import GraphDirError
 from gnnscale.storage.graph_dir import GraphDir
@@ -137,17 +136,3 @@ def open_csc(graph: GraphDir) -> tuple[np.ndarray, np.ndarray]:
             f"re-run `gnnscale build-csr graph_dir={graph.path}`",
         )
     return indptr, indices
-
-
-def to_dgl_graph(graph: GraphDir):
-    """A DGL graph over the mmap'd CSC, without copying (DGL takes the tensors through DLPack)."""
-    import warnings
-
-    import dgl
-
-    indptr, indices = open_csc(graph)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only mmap -> tensor: DGL never writes to it
-        ip, ix = torch.from_numpy(indptr), torch.from_numpy(indices)
-    g = dgl.graph(("csc", (ip, ix, torch.empty(0, dtype=torch.int64))), num_nodes=graph.num_nodes)
-    return g.formats("csc")

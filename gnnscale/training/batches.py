@@ -1,8 +1,8 @@
-"""Mini-batches with their input features; feature gathers run ahead in a background thread.
+"""Mini-batches with their input features; feature gathers can run ahead in a background thread.
 
-Each batch is (input_nodes, seeds, blocks) from a DGL DataLoader plus x = features of
-input_nodes *in that order* (DGL lists each block's destination nodes first among its sources,
-so row i of x is blocks[0]'s source node i) and y = labels of the seeds.
+A loader yields `Batch`es (sampling/batch.py) with their structure; the stream fills in
+x = features of input_nodes *in that order* (DGL lists each block's destination nodes first among
+its sources, so row i of x is blocks[0]'s source node i) and y = labels of the seeds.
 
 Determinism: sampling runs in the caller's thread, whose DGL OpenMP team dgl.seed reseeds as a
 whole (the training loop reseeds with the same thread count it samples with); the blocks are
@@ -21,23 +21,12 @@ import time
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
+from gnnscale.sampling.batch import Batch
 from gnnscale.storage.feature_store import FeatureStore
-
-
-@dataclass
-class Batch:
-    input_nodes: torch.Tensor
-    seeds: torch.Tensor
-    blocks: list
-    x: torch.Tensor
-    y: torch.Tensor
-    sample_s: float
-    gather_s: float
 
 
 def _single_threaded() -> None:
@@ -53,9 +42,9 @@ def _single_threaded() -> None:
 class BatchStream:
     def __init__(
         self,
-        make_loader: Callable[[], object],
+        make_loader: Callable[[], Iterable[Batch]],
         features: FeatureStore,
-        labels: torch.Tensor,
+        labels: torch.Tensor | None,
         prefetch: int = 1,
         device: torch.device | None = None,
         num_batches: int | None = None,
@@ -97,19 +86,15 @@ class BatchStream:
             self._slots[k] = buf
         return buf[:rows]
 
-    def _gather(self, input_nodes: torch.Tensor, seeds: torch.Tensor, out: torch.Tensor):
+    def _gather(self, b: Batch, out: torch.Tensor) -> Batch:
         t0 = time.perf_counter()
-        x = self.features.gather(input_nodes, out=out)
+        x = self.features.gather(b.input_nodes, out=out)
         if x.dtype != torch.float32:  # fp16/bf16-stored features: the model's weights are fp32
             x = x.float()
-        return x, self.labels[seeds], time.perf_counter() - t0
-
-    def _to_device(self, b: Batch) -> Batch:
-        if self.device.type == "cpu":
-            return b
-        # Blocking copies: the pinned slot may be refilled as soon as this returns.
-        b.blocks = [blk.to(self.device) for blk in b.blocks]
-        b.x, b.y = b.x.to(self.device), b.y.to(self.device)
+        b.x = x
+        if self.labels is not None:
+            b.y = self.labels[b.seeds]
+        b.gather_s = time.perf_counter() - t0
         return b
 
     def __iter__(self) -> Iterator[Batch]:
@@ -125,24 +110,22 @@ class BatchStream:
             while True:
                 while not exhausted and len(pending) <= self.prefetch:
                     t0 = time.perf_counter()
-                    item = next(it, None)
-                    sample_s = time.perf_counter() - t0
-                    if item is None:
+                    b = next(it, None)
+                    if b is None:
                         exhausted = True
                         break
-                    input_nodes, seeds, blocks = item
-                    out = self._buffer(len(input_nodes))
+                    b.sample_s = time.perf_counter() - t0
+                    out = self._buffer(len(b.input_nodes))
                     if self._pool is not None:
-                        job = self._pool.submit(self._gather, input_nodes, seeds, out)
+                        pending.append(self._pool.submit(self._gather, b, out))
                     else:
-                        job = self._gather(input_nodes, seeds, out)
-                    pending.append((input_nodes, seeds, blocks, sample_s, job))
+                        pending.append(self._gather(b, out))
                 if not pending:
                     return
-                input_nodes, seeds, blocks, sample_s, job = pending.popleft()
-                x, y, gather_s = job.result() if self._pool is not None else job
-                yield self._to_device(Batch(input_nodes, seeds, blocks, x, y, sample_s, gather_s))
+                job = pending.popleft()
+                b = job.result() if self._pool is not None else job
+                yield b if self.device.type == "cpu" else b.to(self.device)
         finally:
-            for *_, job in pending:  # let in-flight gathers finish before their buffers are reused
+            for job in pending:  # let in-flight gathers finish before their buffers are reused
                 if self._pool is not None:
                     job.result()

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from gnnscale.errors import ConfigError, DataError
-from gnnscale.storage.csc import to_dgl_graph
+from gnnscale.sampling.graph import to_dgl_graph
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.utils.ui import info
 
 FEATURE_CACHES = ("auto", "memory", "mmap")
 SPLITS = ("train", "val", "test")
@@ -65,7 +66,7 @@ def load_train_data(graph_dir: str, feature_cache: str = "auto", budget_mb: floa
             "clean the source features and re-run `gnnscale shard`",
         )
     labels = graph.labels().to(torch.int64)
-    splits = {}
+    splits, unlabelled = {}, {}
     for split in SPLITS:
         ids = graph.split_ids(split)
         y = labels[ids]
@@ -75,6 +76,13 @@ def load_train_data(graph_dir: str, feature_cache: str = "auto", budget_mb: floa
                 "re-run `gnnscale shard`",
             )
         splits[split] = ids[y >= 0]  # unlabelled nodes in a split are not scored
+        if len(splits[split]) < len(ids):
+            unlabelled[split] = len(ids) - len(splits[split])
+    if unlabelled:
+        info(
+            "unlabelled nodes left out of the splits (label -1, not trained on or scored): "
+            + ", ".join(f"{split} {k:,}" for split, k in unlabelled.items())
+        )
     if len(splits["train"]) == 0:
         raise DataError(
             f"'{graph_dir}' has no labelled training nodes",

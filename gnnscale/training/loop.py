@@ -1,67 +1,55 @@
-"""One training epoch over a BatchStream, timed in parts: sample / gather / wait / forward / backward / step."""
+"""One training epoch and one evaluation pass over a BatchStream; the task supplies loss and metrics.
+
+The epoch is timed in parts (sample / gather / wait / forward / backward / step), batch by batch.
+"""
 
 from __future__ import annotations
 
-import random
 import time
+from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
-    """A per-epoch seed: epoch k draws the same randomness whether or not the run was resumed."""
-    return int(
-        np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(1)[0] % (2**31 - 1)
-    )
+TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")
 
 
-def reseed(seed: int) -> None:
-    import dgl
+@dataclass
+class BatchEnd:
+    """What a batch-end hook sees: the step within the epoch, the batch's loss and size, its time split."""
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    dgl.seed(seed)  # every thread of this thread's DGL OpenMP team: the ones that will sample
+    step: int
+    loss: float
+    seeds: int
+    times: dict  # TIME_SPLIT -> seconds of this batch
 
 
 def train_epoch(
     model,
     stream,
+    task,
     optimizer,
     scheduler,
     precision,
     grad_clip: float = 0.0,
-    class_weight: torch.Tensor | None = None,
     input_dropout: float = 0.0,
-    on_batch: Callable[[int, float, int], None] | None = None,
+    on_batch: Callable[[BatchEnd], None] | None = None,
 ) -> dict:
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     scaler = precision.scaler
-    t = {
-        "sample_s": 0.0,
-        "gather_s": 0.0,
-        "data_wait_s": 0.0,
-        "forward_s": 0.0,
-        "backward_s": 0.0,
-        "step_s": 0.0,
-    }
+    t = dict.fromkeys(TIME_SPLIT, 0.0)
     loss_sum, correct, seen, steps = 0.0, 0, 0, 0
     t_start = t_prev = time.perf_counter()
     cpu_start = time.process_time()
     for b in stream:
         t0 = time.perf_counter()
-        t["data_wait_s"] += t0 - t_prev
-        t["sample_s"] += b.sample_s
-        t["gather_s"] += b.gather_s
         # Input dropout lives here, not in the model: it is the identity at inference anyway.
         x = F.dropout(b.x, input_dropout, training=True) if input_dropout > 0 else b.x
         with precision.autocast():
-            logits = model(b.blocks, x)
-        loss = F.cross_entropy(logits.float(), b.y, weight=class_weight)
+            out = model(b.layers(model.num_layers), x)
+        loss = task.loss(out, b)
         t1 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -73,17 +61,24 @@ def train_epoch(
         scaler.update()
         scheduler.step()
         t3 = time.perf_counter()
-        n = len(b.y)
+        n = task.num_scored(b)
         batch_loss = float(loss.detach())
         loss_sum += batch_loss * n
-        correct += int((logits.detach().argmax(1) == b.y).sum())
+        correct += task.correct(out, b)
         seen += n
         steps += 1
-        t["forward_s"] += t1 - t0
-        t["backward_s"] += t2 - t1
-        t["step_s"] += t3 - t2
+        times = {
+            "sample_s": b.sample_s,
+            "gather_s": b.gather_s,
+            "data_wait_s": t0 - t_prev,
+            "forward_s": t1 - t0,
+            "backward_s": t2 - t1,
+            "step_s": t3 - t2,
+        }
+        for k, v in times.items():
+            t[k] += v
         if on_batch is not None:
-            on_batch(steps, batch_loss, n)
+            on_batch(BatchEnd(steps, batch_loss, n, times))
         t_prev = time.perf_counter()
     wall = time.perf_counter() - t_start
     return {
@@ -97,3 +92,17 @@ def train_epoch(
         "seeds_per_s": seen / max(wall, 1e-9),
         **t,
     }
+
+
+@torch.no_grad()
+def evaluate(model, stream, task, precision) -> dict:
+    """The task's metrics over one pass of `stream` (a split), plus the pass's time."""
+    t0 = time.perf_counter()
+    model.eval()
+    collected = []
+    for b in stream:
+        with precision.autocast():
+            out = model(b.layers(model.num_layers), b.x)
+        collected.append(task.collect(out, b))
+    scores = task.score(collected)
+    return {**scores, "time_s": time.perf_counter() - t0 if collected else 0.0}

@@ -7,8 +7,8 @@ import torch
 from gnnscale.errors import ConfigError
 from gnnscale.models import check_model_cfg
 from gnnscale.sampling import check_fanouts, check_sampler_cfg
+from gnnscale.tasks.metrics import check_metric
 from gnnscale.training.data import FEATURE_CACHES
-from gnnscale.training.metrics import check_metric
 from gnnscale.training.precision import DTYPES
 from gnnscale.training.schedule import OPTIMIZERS, SCHEDULES
 

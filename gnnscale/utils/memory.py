@@ -1,4 +1,8 @@
-"""Memory meters. RssAnon is heap the kernel cannot reclaim; mmap'd page cache is not counted there."""
+"""Memory meters. RssAnon is heap the kernel cannot reclaim; mmap'd page cache is not counted there.
+
+A reading that cannot be taken (no /proc, a field the kernel lacks) is None, never 0: a peak of 0 MB
+would pass every memory target without measuring anything.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,35 @@ import threading
 import time
 
 
-def _status_kb(field: str) -> int:
+def _status_kb(field: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
-def rss_anon_mb() -> float:
-    return _status_kb("RssAnon") / 1024.0
+def rss_anon_mb() -> float | None:
+    kb = _status_kb("RssAnon")
+    return None if kb is None else kb / 1024.0
 
 
-def rss_mb() -> float:
-    return _status_kb("VmRSS") / 1024.0
+def rss_mb() -> float | None:
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb / 1024.0
+
+
+def measured_mb(value: float | None, what: str) -> float:
+    """`value`, or a RuntimeError when it could not be read: for benchmarks, which must not pass on it."""
+    if value is None:
+        raise RuntimeError(
+            f"{what} could not be read (/proc/self/status is unreadable or lacks the field): "
+            "a memory target cannot be judged without it; run the benchmark on Linux with /proc mounted"
+        )
+    return value
 
 
 def peak_rss_mb() -> float:
@@ -36,14 +52,24 @@ class MemorySampler:
 
     def __init__(self, interval_s: float = 0.05):
         self.interval_s = interval_s
-        self.peak_anon_mb = 0.0
-        self.peak_rss_mb = 0.0
+        # None until a reading succeeds, and None again for good after one fails: a peak over only
+        # some of the samples could be below the real one.
+        self.peak_anon_mb: float | None = None
+        self.peak_rss_mb: float | None = None
+        self._failed = {"anon": False, "rss": False}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _peak(self, key: str, peak: float | None, value: float | None) -> float | None:
+        if value is None:
+            self._failed[key] = True
+        if self._failed[key]:
+            return None
+        return value if peak is None else max(peak, value)
+
     def _sample(self) -> None:
-        self.peak_anon_mb = max(self.peak_anon_mb, rss_anon_mb())
-        self.peak_rss_mb = max(self.peak_rss_mb, rss_mb())
+        self.peak_anon_mb = self._peak("anon", self.peak_anon_mb, rss_anon_mb())
+        self.peak_rss_mb = self._peak("rss", self.peak_rss_mb, rss_mb())
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -1,0 +1,165 @@
+"""`infer --update changes.npz`: which base run to update, what the change reaches, and the update itself."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gnnscale.errors import ConfigError, DataError, GraphDirError
+from gnnscale.inference.delta import GraphDelta, PatchedFeatures, read_changes, write_updated_graph
+from gnnscale.inference.incremental import affected_rows
+from gnnscale.inference.job import compute_layers, emb_layer, publish_layerwise
+from gnnscale.inference.layerwise import layer_paths, preact_path
+from gnnscale.inference.update import UpdateInputs
+from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph, load_model
+from gnnscale.storage.csc import open_csc
+from gnnscale.storage.feature_store import FeatureStore
+from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.run_dir import (
+    EMB_INFO,
+    RUNS_ROOT,
+    cached_layerwise,
+    find_checkpoint,
+    newest_run,
+    read_json,
+    read_summary,
+)
+from gnnscale.utils.ui import info
+
+DELTA_FILE, CHANGES_FILE = "graph_delta.npz", "changes.npz"
+
+
+def load_base(spec) -> tuple[Path, dict]:
+    """infer.base (default: the newest layer-wise run that kept its layers) and its emb_info."""
+    base = Path(spec) if spec else newest_run("infer", cached_layerwise)
+    if base is None:
+        raise ConfigError(
+            f"no layer-wise infer run with cached layers under {RUNS_ROOT / 'infer'}/",
+            "run `gnnscale infer --layerwise` first, or pass infer.base=RUN_DIR",
+        )
+    meta = read_json(base / EMB_INFO)
+    if meta is None:
+        raise ConfigError(
+            f"infer.base='{base}' is not a finished infer run (no {EMB_INFO})",
+            "pass infer.base= a run_dir of `gnnscale infer --layerwise`",
+        )
+    if not cached_layerwise(base):
+        raise ConfigError(
+            f"infer run '{base}' kept no layer cache (a sampled run or infer.cache_layers=false)",
+            "re-run `gnnscale infer --layerwise` with infer.cache_layers=true",
+        )
+    missing = [f for f in meta["cache"]["files"] if not (base / meta["cache"]["dir"] / f).is_file()]
+    if missing:
+        raise DataError(
+            f"infer run '{base}' lacks cached layer file(s) {', '.join(missing)}",
+            "re-run `gnnscale infer --layerwise`",
+        )
+    return base, meta
+
+
+@dataclass
+class UpdateJob:
+    base: Path
+    base_info: dict
+    ck: LoadedCheckpoint
+    graph: GraphDir
+    layer: int  # the layer embeddings.npy holds
+
+
+def open_update(ckpt_spec, graph_dir_spec, opts) -> UpdateJob:
+    """The base run, its model and its graph, each checked to be the ones the cached layers came from."""
+    base, binfo = load_base(opts.base)
+    ck = load_model(find_checkpoint(ckpt_spec or binfo["ckpt"]))
+    if ck.weights_hash != binfo["weights_hash"]:
+        raise ConfigError(
+            f"checkpoint {ck.path} is not the model of base run '{base}' (cached layers need the same weights)",
+            f"drop ckpt= to use {binfo['ckpt']}, or run a full `gnnscale infer --layerwise`",
+        )
+    graph_dir = Path(binfo["graph_dir"])
+    if graph_dir_spec and Path(graph_dir_spec).resolve() != graph_dir:
+        raise ConfigError(
+            f"graph_dir={graph_dir_spec} differs from base run's graph {graph_dir}",
+            "drop graph_dir= (an update applies to the base run's graph)",
+        )
+    graph = GraphDir(graph_dir)
+    if [s["sha256"] for s in graph.meta["shards"]] != binfo["graph_shards_sha256"]:
+        raise GraphDirError(
+            f"graph_dir '{graph_dir}' changed since base run '{base}'",
+            "run a full `gnnscale infer --layerwise` on it first",
+        )
+    check_fits_graph(ck, graph)
+    layer = emb_layer(opts.layer if opts.layer is not None else binfo["layer"], ck.num_layers)
+    return UpdateJob(base, binfo, ck, graph, layer)
+
+
+def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> tuple[dict, dict, dict]:
+    """(layers, published outputs, summary fields of the update) for the base run plus opts.changes."""
+    model, graph, n = job.ck.model.to(device), job.graph, job.graph.num_nodes
+    t0 = time.time()
+    indptr, indices = open_csc(graph)
+    changes = read_changes(opts.changes, graph)
+    old_delta = GraphDelta.load(job.base / DELTA_FILE)
+    delta, rep = old_delta.apply(changes, graph, indptr, indices)
+    adj = delta.adjacency(indptr, indices)
+    rows = affected_rows(
+        model.arch, model.num_layers, adj, rep["changed_feat_nodes"], rep["changed_src"], rep["changed_dst"]
+    )
+    plan_s = time.time() - t0
+    affected = [
+        {"layer": i + 1, "rows": int(len(r)), "fraction": round(len(r) / n, 6)} for i, r in enumerate(rows)
+    ]
+    info(
+        "rows to recompute per layer: "
+        + ", ".join(f"layer {a['layer']}: {a['rows']:,} ({a['fraction']:.1%})" for a in affected)
+    )
+    store = FeatureStore(graph)
+    base_h = layer_paths(job.base / job.base_info["cache"]["dir"], model.num_layers)
+    have_z = set(job.base_info["cache"].get("preact") or [])  # none in runs made before z was cached
+    inputs = UpdateInputs(
+        adj=adj,
+        adj_old=old_delta.adjacency(indptr, indices),
+        features=PatchedFeatures(store, delta),
+        features_old=PatchedFeatures(store, old_delta),
+        feat_changed=np.unique(rep["changed_feat_nodes"]),
+        base_h=base_h,
+        base_z=[preact_path(p) if preact_path(p).name in have_z else None for p in base_h],
+    )
+    layers = compute_layers(model, adj, None, run_dir, n, opts, device, update=(inputs, rows))
+    layers["compute_s"] += plan_s  # what the update costs against a full run
+    for a, st in zip(affected, layers["stats"], strict=True):
+        # Work follows edges, and nodes a change reaches are the well-connected ones (degree bias).
+        a["edges"], a["edge_fraction"] = st.edges, round(st.edges / max(adj.num_edges, 1), 6)
+    delta.save(run_dir / DELTA_FILE)
+    shutil.copyfile(opts.changes, run_dir / CHANGES_FILE)
+    applied = {k: v for k, v in rep.items() if not isinstance(v, np.ndarray)}
+    extra_info = {
+        "delta": {"file": DELTA_FILE, **delta.summary()},
+        "base_run": str(job.base.resolve()),
+        "update": applied,
+    }
+    out = publish_layerwise(run_dir, layers, job.ck, graph, opts, job.layer, extra_info)
+    graph_out = None
+    if opts.write_graph:
+        t1 = time.time()
+        graph_out = str(write_updated_graph(graph, delta, opts.write_graph, overwrite=overwrite))
+        info(f"updated graph written to {graph_out} ({time.time() - t1:.1f} s)")
+    base_time = _base_infer_time(job.base)
+    fields = {
+        "base_run": str(job.base),
+        "changes": applied,
+        "affected": affected,
+        "plan_time_s": round(plan_s, 3),
+        "base_infer_time_s": base_time,
+        "speedup_vs_base": round(base_time / layers["compute_s"], 2) if base_time else None,
+        "updated_graph_dir": graph_out,
+    }
+    return layers, out, fields
+
+
+def _base_infer_time(base: Path) -> float | None:
+    s = read_summary(base) or {}
+    return s.get("infer_time_s") if s.get("mode") == "layerwise" else None

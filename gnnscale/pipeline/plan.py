@@ -1,0 +1,90 @@
+"""What a pipeline run will do: which stages, each stage's own config, and what is up to date."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from gnnscale.config.schema import BuildCscStageConfig, InferStageConfig, ShardStageConfig, TrainStageConfig
+from gnnscale.datasets import source_fingerprint
+from gnnscale.errors import ConfigError, GraphDirError
+from gnnscale.inference.job import check_options
+from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.meta import META_FILE
+from gnnscale.storage.run_dir import config_hash
+from gnnscale.training.build import hashable_cfg
+from gnnscale.training.options import check_train_cfg
+
+ORDER = ("shard", "build_csr", "train", "infer")
+SCHEMAS = {
+    "shard": ShardStageConfig,
+    "build_csr": BuildCscStageConfig,
+    "train": TrainStageConfig,
+    "infer": InferStageConfig,
+}
+
+
+def check_stages(cfg: DictConfig) -> list[str]:
+    stages = list(cfg.stages)
+    unknown = [s for s in stages if s not in ORDER]
+    if unknown:
+        raise ConfigError(f"unknown pipeline stage(s) {unknown}", f"choose from {list(ORDER)}")
+    if stages != sorted(set(stages), key=ORDER.index):
+        # infer reads train's checkpoint and train reads the graph: an out-of-order list cannot work.
+        raise ConfigError(
+            f"stages={stages} must name each stage once, in pipeline order",
+            f"e.g. stages=[{','.join(ORDER)}]",
+        )
+    if "train" in stages and cfg.train.resume:
+        raise ConfigError(
+            "the pipeline resumes an interrupted train stage by itself; train.resume=true has no meaning here",
+            "drop train.resume (or pass resume=RUN_DIR to continue a particular train run)",
+        )
+    if "infer" in stages and cfg.infer.changes:
+        raise ConfigError(
+            "the pipeline runs a full inference; infer.changes is for `gnnscale infer --update`",
+            "drop infer.changes",
+        )
+    # A bad train or infer value fails now, not after the graph was built and the model trained.
+    if "train" in stages:
+        check_train_cfg(cfg)
+    if "infer" in stages:
+        check_options(cfg.infer)
+    return stages
+
+
+def stage_cfg(cfg: DictConfig, stage: str, **values) -> DictConfig:
+    """The config `gnnscale <stage>` would compose: only that stage's keys, so its config.yaml and hash match."""
+    schema = SCHEMAS[stage]
+    keys = [f.name for f in dataclasses.fields(schema) if f.name in cfg]
+    return OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.masked_copy(cfg, keys), values)
+
+
+def graph_up_to_date(stage: str, cfg: DictConfig) -> bool:
+    """A finished graph_dir built from the same data config is reused instead of rebuilt."""
+    path = Path(cfg.graph_dir) / META_FILE
+    meta = json.loads(path.read_text()) if path.is_file() else None
+    if stage == "shard":
+        if meta is None:
+            return False
+        if meta.get("source_fingerprint") == source_fingerprint(cfg):
+            return not cfg.overwrite
+        if not cfg.overwrite:
+            raise GraphDirError(
+                f"graph_dir '{cfg.graph_dir}' holds a graph built from a different data config",
+                "pass overwrite=true to rebuild it or choose another graph_dir=",
+            )
+        return False
+    csc = (meta or {}).get("csc")
+    return (
+        bool(csc) and csc.get("shard_sha256") == [s["sha256"] for s in meta["shards"]] and not cfg.overwrite
+    )
+
+
+def stage_key(stage: str, scfg: DictConfig, graph_dir: str) -> dict:
+    # train's own notion of "same run" (everything but where/whether it continues), plus the graph's content.
+    shards = [s["sha256"] for s in GraphDir(graph_dir).meta["shards"]]
+    return {"stage": stage, "config_hash": config_hash(hashable_cfg(scfg)), "graph_sha256": shards}

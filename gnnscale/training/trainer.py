@@ -1,0 +1,252 @@
+"""The trainer: epochs, evaluation, early stopping, checkpoints and exact resume, metrics, the time split.
+
+What it trains on comes in as pieces (model, task, optimizer, scheduler, precision, batch streams), so
+a formation, a task or a distributed mode changes a piece, not this loop. Callbacks see every batch's
+end (with its time split) and every epoch's record: progress bars, diagnostics and profiling attach
+there. Every epoch reseeds all RNGs from (seed, epoch), so a run resumed from checkpoints/last.pt
+repeats the uninterrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from gnnscale.models.checkpoint import check_signature, read_checkpoint, save_checkpoint
+from gnnscale.storage.run_dir import (
+    BEST,
+    LAST,
+    append_metrics,
+    checkpoint_file,
+    read_metrics,
+    truncate_metrics,
+)
+from gnnscale.tasks.metrics import finite_or_none
+from gnnscale.training.loop import BatchEnd, evaluate, train_epoch
+from gnnscale.training.seeding import epoch_seed, reseed, rng_state, set_rng_state
+from gnnscale.utils.ui import is_rank_zero
+
+# Seed streams of an epoch: training uses stream 0, validation 1; the final val / test passes 2 and 3.
+_EVAL_STREAM, _TEST_STREAM = 1, 2
+
+
+@dataclass
+class TrainerSettings:
+    epochs: int
+    seed: int
+    eval_every: int = 1
+    patience: int = 0  # epochs without a better val metric before stopping; 0 = never
+    grad_clip: float = 0.0
+    input_dropout: float = 0.0
+
+
+class Callback:
+    """Hooks into the loop; every method is optional."""
+
+    def on_epoch_start(self, epoch: int, num_batches: int) -> None: ...
+
+    def on_batch_end(self, epoch: int, end: BatchEnd) -> None: ...
+
+    def on_epoch_end(self, record: dict) -> None: ...
+
+    def on_stop(self, reason: str) -> None: ...
+
+
+@dataclass
+class FitResult:
+    records: list[dict]  # every epoch's metrics line, those before a resume included
+    best_val: float
+    best_epoch: int
+    stopped: bool
+    resumed_from: int | None
+    val: dict  # the best weights' metrics on the val / test splits
+    test: dict
+    checkpoint: Path
+    extra: dict = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model,
+        task,
+        optimizer,
+        scheduler,
+        precision,
+        streams: dict,  # "train", "val", "test" -> BatchStream
+        run_dir: Path,
+        settings: TrainerSettings,
+        identity: dict,  # what the checkpoint says the weights are: signature, model_cfg, graph, config_hash
+        callbacks: Sequence[Callback] = (),
+        peak_rss_mb: Callable[[], float | None] = lambda: None,
+    ):
+        self.model, self.task = model, task
+        self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
+        self.streams, self.run_dir, self.s = streams, Path(run_dir), settings
+        self.identity = identity
+        self.callbacks = list(callbacks)
+        self.peak_rss_mb = peak_rss_mb
+        if is_rank_zero():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.start_epoch, self.best_val, self.best_epoch = 1, float("nan"), 0
+        self.stopped, self.resumed_from = False, None
+
+    @property
+    def has_val(self) -> bool:
+        return len(self.streams["val"]) > 0
+
+    # ------------------------------------------------------------ checkpoints
+    def _state(self, epoch: int) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            **self.identity,
+            "epoch": epoch,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
+            "rng": rng_state(),
+            "best_val": self.best_val,
+            "best_epoch": self.best_epoch,
+            "metric": self.task.metric,
+            "stopped": self.stopped,
+        }
+
+    def restore(self) -> bool:
+        """Continue from run_dir's last.pt; True if its config hash equals this run's."""
+        path = checkpoint_file(self.run_dir, LAST)
+        ckpt = read_checkpoint(path)
+        check_signature(ckpt, self.identity["signature"], path)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.precision.scaler.load_state_dict(ckpt["scaler"])
+        set_rng_state(ckpt["rng"])
+        self.resumed_from = int(ckpt["epoch"])
+        self.start_epoch = self.resumed_from + 1
+        self.best_val, self.best_epoch = float(ckpt["best_val"]), int(ckpt["best_epoch"])
+        self.stopped = bool(ckpt.get("stopped", False))
+        truncate_metrics(self.run_dir, self.resumed_from)
+        return ckpt.get("config_hash") == self.identity.get("config_hash")
+
+    # ------------------------------------------------------------ the loop
+    def _validate(self, epoch: int, record: dict) -> bool:
+        """Validation metrics into record; True if they are the best so far."""
+        metric = self.task.metric
+        if not self.has_val:
+            self.best_epoch = epoch  # no validation split: the latest weights are the best we know
+            return True
+        if epoch % self.s.eval_every and epoch != self.s.epochs:
+            return False
+        reseed(epoch_seed(self.s.seed, epoch, _EVAL_STREAM))
+        val = evaluate(self.model, self.streams["val"], self.task, self.precision)
+        record.update(
+            {
+                f"val_{metric}": finite_or_none(val[metric]),
+                "val_loss": finite_or_none(val["loss"]),
+                "eval_time_s": round(val["time_s"], 4),
+            }
+        )
+        better = not math.isnan(val[metric]) and (math.isnan(self.best_val) or val[metric] > self.best_val)
+        if better:
+            self.best_val, self.best_epoch = float(val[metric]), epoch
+        return better
+
+    def _epoch(self, epoch: int) -> dict:
+        reseed(epoch_seed(self.s.seed, epoch))
+        stream = self.streams["train"]
+        for cb in self.callbacks:
+            cb.on_epoch_start(epoch, len(stream))
+
+        def on_batch(end: BatchEnd) -> None:
+            for cb in self.callbacks:
+                cb.on_batch_end(epoch, end)
+
+        stats = train_epoch(
+            self.model,
+            stream,
+            self.task,
+            self.optimizer,
+            self.scheduler,
+            self.precision,
+            self.s.grad_clip,
+            self.s.input_dropout,
+            on_batch if self.callbacks else None,
+        )
+        record = {
+            "epoch": epoch,
+            "loss": round(stats["loss"], 6),
+            "train_acc": round(stats["train_acc"], 6),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+        improved = self._validate(epoch, record)
+        record.update({k: round(v, 4) for k, v in stats.items() if k.endswith("_s")})
+        peak = self.peak_rss_mb()
+        record.update(
+            {
+                "seeds_per_s": round(stats["seeds_per_s"], 1),
+                "steps": stats["steps"],
+                "peak_rss_mb": round(peak, 1) if peak is not None else None,
+                "best": improved,
+            }
+        )
+        device = next(self.model.parameters()).device
+        if device.type == "cuda":
+            record["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        self.stopped = bool(
+            self.has_val and self.s.patience > 0 and epoch - self.best_epoch >= self.s.patience
+        )
+        if is_rank_zero():
+            append_metrics(self.run_dir, record)
+            state = self._state(epoch)
+            if improved:
+                save_checkpoint(checkpoint_file(self.run_dir, BEST), state)
+            save_checkpoint(checkpoint_file(self.run_dir, LAST), state)
+        return record
+
+    def fit(self) -> FitResult:
+        """Train the remaining epochs, then score the best-validation weights on val and test."""
+        history = []
+        for epoch in range(self.start_epoch, int(self.s.epochs) + 1):
+            if self.stopped:
+                break
+            record = self._epoch(epoch)
+            history.append(record)
+            for cb in self.callbacks:
+                cb.on_epoch_end(record)
+            if self.stopped:
+                reason = (
+                    f"no better val_{self.task.metric} for {self.s.patience} epochs "
+                    f"(best {self.best_val:.4f} at epoch {self.best_epoch})"
+                )
+                for cb in self.callbacks:
+                    cb.on_stop(reason)
+        best = checkpoint_file(self.run_dir, BEST)
+        if best.is_file():
+            self.model.load_state_dict(read_checkpoint(best)["model"])
+        # Scored under fixed seeds: the same after any resume.
+        reseed(epoch_seed(self.s.seed, 0, _TEST_STREAM))
+        val = (
+            evaluate(self.model, self.streams["val"], self.task, self.precision)
+            if self.has_val
+            else {self.task.metric: float("nan")}
+        )
+        reseed(epoch_seed(self.s.seed, 0, _TEST_STREAM + 1))
+        test = evaluate(self.model, self.streams["test"], self.task, self.precision)
+        return FitResult(
+            records=read_metrics(self.run_dir) or history,
+            best_val=self.best_val,
+            best_epoch=self.best_epoch,
+            stopped=self.stopped,
+            resumed_from=self.resumed_from,
+            val=val,
+            test=test,
+            checkpoint=best if best.is_file() else checkpoint_file(self.run_dir, LAST),
+        )
+
+    def close(self) -> None:
+        for s in self.streams.values():
+            s.close()
