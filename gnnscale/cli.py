@@ -28,13 +28,14 @@ CFG_OPTION = typer.Option(False, "--cfg", help="Print the composed config and ex
 
 def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
     from gnnscale.config import compose_config
-    from gnnscale.utils.ui import err_console
+    from gnnscale.utils.ui import err_console, set_log_interval
 
     try:
         cfg = compose_config(stage, overrides)
         if show_cfg:
             print(OmegaConf.to_yaml(cfg, resolve=True), end="")
             return
+        set_log_interval(cfg.ui.log_every_s)
         module = importlib.import_module(f"gnnscale.stages.{stage}")
         module.run(cfg)
     except GnnscaleError as exc:
@@ -119,7 +120,7 @@ def infer_cmd(
 
       gnnscale infer                                   [dim]# newest train run under runs/train[/dim]
 
-      gnnscale infer ckpt=runs/train/20240101-120000 infer.memory_budget_gb=1
+      gnnscale infer ckpt=runs/train/20240101-120000 infer.memory_budget=1GB
 
       gnnscale infer --sampled infer.fanouts=[10,10] infer.nodes=test
 

@@ -26,3 +26,7 @@ class DataError(GnnscaleError):
 
 class GraphDirError(DataError):
     """A graph_dir that is absent, incomplete, stale or fails its checksums."""
+
+
+class MemoryBudgetError(ConfigError):
+    """A run whose estimated memory exceeds its budget: refused before it could be killed mid-way."""

@@ -23,7 +23,7 @@ How the numbers are made to hold on a shared, noisy machine:
   - Memory: peak RSS beside peak RssAnon. The layer-wise run keeps its layers in mmap'd page cache,
     which RssAnon leaves out but VmRSS counts; the naive run's activations are anonymous heap.
 
-    .venv/bin/python scripts/bench_infer.py                # the issue's size, writes bench/results/infer.json
+    .venv/bin/python scripts/bench_infer.py     # the issue's size, writes bench/results/infer.json (~12-15 min, 2 cores)
     .venv/bin/python scripts/bench_infer.py --num-nodes 20000 --repeat 2 --update-repeat 2 \\
         --scratch /tmp/bench_infer --out /tmp/infer_quick.json     # a quick look (~1-2 min)
 """
@@ -579,6 +579,133 @@ def parse_args():
     return ap.parse_args()
 
 
+def equality_checks(b: Bench) -> dict:
+    """Largest absolute differences: layer-wise vs naive, disk-streamed vs in-memory (round 0's runs)."""
+    runs, naive, L = b.runs, b.scratch / "naive", b.args.layers
+    return {
+        "embeddings_layerwise_vs_naive": max_abs_diff(
+            runs / "layerwise" / "embeddings.npy", naive / "embeddings.npy"
+        ),
+        "logits_layerwise_vs_naive": max_abs_diff(
+            runs / "layerwise" / "layers" / f"h_{L}.npy", naive / "logits.npy"
+        ),
+        "embeddings_disk_vs_layerwise": max_abs_diff(
+            runs / "disk" / "embeddings.npy", runs / "layerwise" / "embeddings.npy"
+        ),
+    }
+
+
+def throughput_blocks(rows: dict[str, list[dict]], orders: list[list[str]]) -> dict:
+    """Naive vs layer-wise (wall, CPU, with the naive load) and disk vs memory, round by round."""
+    naive, lw = rows["naive"], rows["layerwise"]
+    lw_t = [x["infer_time_s"] for x in lw]
+    return {
+        "order": orders,
+        "wall": ratio_block(
+            [x["forward_s"] for x in naive],
+            lw_t,
+            "naive forward s / layer-wise s: > 1 = layer-wise is faster",
+        ),
+        "cpu": ratio_block(
+            [x["forward_cpu_s"] for x in naive],
+            [x["infer_cpu_s"] for x in lw],
+            "naive forward CPU s / layer-wise CPU s (all threads): > 1 = layer-wise uses less CPU",
+        ),
+        # The naive side's load (features into RAM, graph build) added: what a user waits for end to end.
+        "wall_with_naive_load": ratio_block(
+            [x["total_s"] for x in naive], lw_t, "naive load + forward s / layer-wise s"
+        ),
+        "disk_vs_memory": ratio_block(
+            [x["infer_time_s"] for x in rows["disk"]],
+            lw_t,
+            "disk-streamed layer-wise s / in-memory layer-wise s: > 1 = disk is slower",
+        ),
+    }
+
+
+def side_records(rows: dict[str, list[dict]]) -> dict:
+    """Each side's fastest run in full, with every round's times and memory beside it."""
+    mem = ("peak_rss_mb", "peak_anon_mb")
+    naive = best_with_lists(rows["naive"], "forward_s", ("forward_s", "forward_cpu_s", "total_s", *mem))
+    naive["forward_layers_s_median"] = [
+        round(median(x), 3) for x in zip(*(x["forward_layers_s"] for x in rows["naive"]), strict=True)
+    ]
+    lw = best_with_lists(rows["layerwise"], "infer_time_s", ("infer_time_s", "infer_cpu_s", *mem))
+    lw["layers_s_median"] = [
+        round(median(x), 3) for x in zip(*(_layer_seconds(x) for x in rows["layerwise"]), strict=True)
+    ]
+    disk = best_with_lists(rows["disk"], "infer_time_s", ("infer_time_s", "infer_cpu_s", *mem))
+    return {"naive_full_graph": naive, "layerwise": lw, "layerwise_disk": disk}
+
+
+def headline_ratios(memory: dict, throughput: dict) -> dict:
+    """The headline numbers in one place; each comes from a block that has its spread."""
+    return {
+        "anon_median_layerwise_over_naive": memory["anon_layerwise_over_naive"],
+        "rss_median_layerwise_over_naive": memory["rss_layerwise_over_naive"],
+        "anon_median_disk_over_naive": memory["anon_disk_over_naive"],
+        "rss_median_disk_over_naive": memory["rss_disk_over_naive"],
+        "throughput_median_wall": throughput["wall"]["ratio_of_medians"],
+        "throughput_best_wall": throughput["wall"]["ratio_of_bests"],
+        "throughput_per_repeat_wall": throughput["wall"]["per_repeat"],
+        "throughput_reading": throughput["wall"]["reading"],
+        "throughput_median_cpu": throughput["cpu"]["ratio_of_medians"],
+        "throughput_median_wall_with_naive_load": throughput["wall_with_naive_load"]["ratio_of_medians"],
+        "disk_slowdown_median": throughput["disk_vs_memory"]["ratio_of_medians"],
+        "disk_slowdown_best": throughput["disk_vs_memory"]["ratio_of_bests"],
+    }
+
+
+def setup_info(args, meta: dict) -> dict:
+    return {
+        "graph": {
+            "num_nodes": meta["num_nodes"],
+            "num_edges": meta["num_edges"],
+            "feat_dim": meta["feat_dim"],
+            "avg_degree": args.avg_degree,
+        },
+        "model": {
+            "arch": "sage",
+            "aggregator": "mean",
+            "hidden": args.hidden,
+            "num_layers": args.layers,
+            "weights": "random (seed 0)",
+        },
+        "batch_size": args.batch_size,
+        "repeat": args.repeat,
+        "update_repeat": args.update_repeat,
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "method": (
+            "every run in a fresh process; the files each run reads are read just before it (warm page "
+            "cache); the order of the sides reverses every other round; ratios per round, of the medians "
+            "and of the bests"
+        ),
+    }
+
+
+def targets(results: dict) -> dict:
+    ratios, equality = results["ratios"], results["equality_max_abs"]
+    out = {
+        "anon_at_most_40pct_of_naive": ratios["anon_median_layerwise_over_naive"] <= 0.40,
+        "throughput_at_least_0.8x_naive_forward": ratios["throughput_median_wall"] >= 0.8,
+        "layerwise_equals_naive_1e-4": max(equality.values()) <= 1e-4,
+    }
+    if "incremental" in results:
+        inc = results["incremental"]
+        out["incremental_equals_full_1e-5"] = (
+            max(v for x in inc for v in x["equality_max_abs_per_layer"].values()) <= 1e-5
+        )
+        # Faster = the full run took longer than the update in every repeat, per change size.
+        out["incremental_faster_than_full"] = {
+            f"{x['feat_frac']:g}": x["speedup"]["wall"]["reading"].startswith("above") for x in inc
+        }
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
@@ -602,131 +729,32 @@ def main() -> None:
     }
     print(json.dumps({"graph": graph_info}), flush=True)
     b = Bench(args, scratch, graph_dir, ckpt)
-    L = args.layers
 
     rows, orders = layerwise_rounds(b)
-    runs = b.runs
-    equality = {
-        "embeddings_layerwise_vs_naive": max_abs_diff(
-            runs / "layerwise" / "embeddings.npy", scratch / "naive" / "embeddings.npy"
-        ),
-        "logits_layerwise_vs_naive": max_abs_diff(
-            runs / "layerwise" / "layers" / f"h_{L}.npy", scratch / "naive" / "logits.npy"
-        ),
-        "embeddings_disk_vs_layerwise": max_abs_diff(
-            runs / "disk" / "embeddings.npy", runs / "layerwise" / "embeddings.npy"
-        ),
-    }
+    equality = equality_checks(b)
     print(json.dumps({"equality": equality}), flush=True)
     shutil.rmtree(scratch / "naive")
-    shutil.rmtree(runs / "disk")
-
-    naive_t = [x["forward_s"] for x in rows["naive"]]
-    lw_t = [x["infer_time_s"] for x in rows["layerwise"]]
-    disk_t = [x["infer_time_s"] for x in rows["disk"]]
-    throughput = {
-        "order": orders,
-        "wall": ratio_block(naive_t, lw_t, "naive forward s / layer-wise s: > 1 = layer-wise is faster"),
-        "cpu": ratio_block(
-            [x["forward_cpu_s"] for x in rows["naive"]],
-            [x["infer_cpu_s"] for x in rows["layerwise"]],
-            "naive forward CPU s / layer-wise CPU s (all threads): > 1 = layer-wise uses less CPU",
-        ),
-        # The naive side's load (features into RAM, graph build) added: what a user waits for end to end.
-        "wall_with_naive_load": ratio_block(
-            [x["total_s"] for x in rows["naive"]], lw_t, "naive load + forward s / layer-wise s"
-        ),
-        "disk_vs_memory": ratio_block(
-            disk_t, lw_t, "disk-streamed layer-wise s / in-memory layer-wise s: > 1 = disk is slower"
-        ),
-    }
-    memory = memory_block(rows)
-    lists = ("peak_rss_mb", "peak_anon_mb")
+    shutil.rmtree(b.runs / "disk")
+    throughput, memory = throughput_blocks(rows, orders), memory_block(rows)
     results: dict = {
-        "graph": {
-            "num_nodes": meta["num_nodes"],
-            "num_edges": meta["num_edges"],
-            "feat_dim": meta["feat_dim"],
-            "avg_degree": args.avg_degree,
-        },
-        "model": {
-            "arch": "sage",
-            "aggregator": "mean",
-            "hidden": args.hidden,
-            "num_layers": L,
-            "weights": "random (seed 0)",
-        },
-        "batch_size": args.batch_size,
-        "repeat": args.repeat,
-        "update_repeat": args.update_repeat,
-        "machine": {
-            "cpus": len(os.sched_getaffinity(0)),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "method": (
-            "every run in a fresh process; the files each run reads are read just before it (warm page "
-            "cache); the order of the sides reverses every other round; ratios per round, of the medians "
-            "and of the bests"
-        ),
-        "naive_full_graph": best_with_lists(
-            rows["naive"], "forward_s", ("forward_s", "forward_cpu_s", "total_s", *lists)
-        ),
-        "layerwise": best_with_lists(
-            rows["layerwise"], "infer_time_s", ("infer_time_s", "infer_cpu_s", *lists)
-        ),
-        "layerwise_disk": best_with_lists(
-            rows["disk"], "infer_time_s", ("infer_time_s", "infer_cpu_s", *lists)
-        ),
+        **setup_info(args, meta),
+        **side_records(rows),
         "throughput": throughput,
         "memory": memory,
         "equality_max_abs": equality,
-    }
-    results["naive_full_graph"]["forward_layers_s_median"] = [
-        round(median(x), 3) for x in zip(*(x["forward_layers_s"] for x in rows["naive"]), strict=True)
-    ]
-    results["layerwise"]["layers_s_median"] = [
-        round(median(x), 3) for x in zip(*(_layer_seconds(x) for x in rows["layerwise"]), strict=True)
-    ]
-    # The headline numbers in one place; each comes from a block above that has its spread.
-    results["ratios"] = {
-        "anon_median_layerwise_over_naive": memory["anon_layerwise_over_naive"],
-        "rss_median_layerwise_over_naive": memory["rss_layerwise_over_naive"],
-        "anon_median_disk_over_naive": memory["anon_disk_over_naive"],
-        "rss_median_disk_over_naive": memory["rss_disk_over_naive"],
-        "throughput_median_wall": throughput["wall"]["ratio_of_medians"],
-        "throughput_best_wall": throughput["wall"]["ratio_of_bests"],
-        "throughput_per_repeat_wall": throughput["wall"]["per_repeat"],
-        "throughput_reading": throughput["wall"]["reading"],
-        "throughput_median_cpu": throughput["cpu"]["ratio_of_medians"],
-        "throughput_median_wall_with_naive_load": throughput["wall_with_naive_load"]["ratio_of_medians"],
-        "disk_slowdown_median": throughput["disk_vs_memory"]["ratio_of_medians"],
-        "disk_slowdown_best": throughput["disk_vs_memory"]["ratio_of_bests"],
+        "ratios": headline_ratios(memory, throughput),
     }
     print(json.dumps({"ratios": results["ratios"]}), flush=True)
     if not args.skip_incremental:
         inc = []
         for frac in fracs:
-            inc.append(update_vs_full(b, frac, L))
+            inc.append(update_vs_full(b, frac, args.layers))
             s = inc[-1]["speedup"]["wall"]
             line = {k: s[k] for k in ("ratio_of_medians", "ratio_of_bests", "per_repeat", "reading")}
             print(json.dumps({f"update_{frac:g}": line, "equality": inc[-1]["equality_max_abs_per_layer"]}))
         results["incremental"] = inc
         results["incremental_summary"] = update_summary(inc)
-    results["targets"] = {
-        "anon_at_most_40pct_of_naive": results["ratios"]["anon_median_layerwise_over_naive"] <= 0.40,
-        "throughput_at_least_0.8x_naive_forward": results["ratios"]["throughput_median_wall"] >= 0.8,
-        "layerwise_equals_naive_1e-4": max(equality.values()) <= 1e-4,
-    }
-    if "incremental" in results:
-        inc = results["incremental"]
-        results["targets"]["incremental_equals_full_1e-5"] = (
-            max(v for x in inc for v in x["equality_max_abs_per_layer"].values()) <= 1e-5
-        )
-        # Faster = the full run took longer than the update in every repeat, per change size.
-        results["targets"]["incremental_faster_than_full"] = {
-            f"{x['feat_frac']:g}": x["speedup"]["wall"]["reading"].startswith("above") for x in inc
-        }
+    results["targets"] = targets(results)
     if meta["num_nodes"] < 500_000:
         results["note"] = (
             "the memory and throughput targets are set for the 500k-node graph; at this size the ~300 MB "
@@ -738,7 +766,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, results)
     print(json.dumps({"targets": results["targets"]}), flush=True)
-    shutil.rmtree(runs, ignore_errors=True)
+    shutil.rmtree(b.runs, ignore_errors=True)
     if not args.keep:
         shutil.rmtree(scratch)
 

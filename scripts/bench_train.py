@@ -10,6 +10,8 @@ batch 1024, 2 epochs, then scores test accuracy with sampled [15, 10] blocks.
   gnnscale           `gnnscale train` as configured by default (train.prefetch=-1: auto, inline on CPU)
   gnnscale_prefetch  the same with train.prefetch=1: features gathered one batch ahead by a background
                      thread (--no-prefetch-variant leaves it out)
+  gnnscale_base      with --base-src DIR: `gnnscale train` from another source tree (an earlier commit,
+                     e.g. `git worktree add /tmp/base REV`), to compare a change with what came before
 
 Each side runs in a fresh child process (spawned), so none inherits another's heap; the graph's files
 are read just before each child starts, so each finds the same warm page cache. Epoch time = the
@@ -216,6 +218,12 @@ def gnnscale_train(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: 
     )
 
 
+def gnnscale_base_train(src: str, graph_dir: str, epochs: int, seed: int, run_dir: str, queue) -> None:
+    """gnnscale_train with the gnnscale of another source tree (this spawned child has not imported any)."""
+    sys.path.insert(0, src)
+    gnnscale_train(graph_dir, epochs, seed, run_dir, [], queue)
+
+
 def in_child(target, *args) -> dict:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -250,6 +258,9 @@ def run_side(side: str, graph_dir: Path, scratch: Path, args) -> dict:
     warm(graph_dir)
     if side == "plain_dgl":
         return in_child(plain_dgl, str(graph_dir), args.epochs, args.seed)
+    if side == "gnnscale_base":
+        run_dir = str(scratch / "run_base")
+        return in_child(gnnscale_base_train, args.base_src, str(graph_dir), args.epochs, args.seed, run_dir)
     extra = ["train.prefetch=1"] if side == "gnnscale_prefetch" else []
     return in_child(
         gnnscale_train, str(graph_dir), args.epochs, args.seed, str(scratch / f"run_{side}"), extra
@@ -317,6 +328,7 @@ def parse_args():
         action="store_true",
         help="skip the gnnscale train.prefetch=1 (background gather thread) side",
     )
+    ap.add_argument("--base-src", help="also run `gnnscale train` from this source tree (side gnnscale_base)")
     ap.add_argument("--scratch", default=str(ROOT / "bench" / "tmp" / "train"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "train.json"))
     return ap.parse_args()
@@ -358,6 +370,16 @@ def ratio_blocks(pairs: list[dict], sides: tuple[str, ...]) -> dict:
             key="epoch_cpu_s",
         ),
     }
+    if "gnnscale_base" in sides:
+        blocks["base_over_plain"] = ratio_block(
+            pairs, "gnnscale_base", "plain_dgl", "the --base-src tree's gnnscale / plain epoch time"
+        )
+        blocks["gnnscale_over_base"] = ratio_block(
+            pairs,
+            "gnnscale",
+            "gnnscale_base",
+            "this tree / the --base-src tree, epoch time: < 1 = faster now",
+        )
     if "gnnscale_prefetch" in sides:
         blocks["prefetch_over_default"] = ratio_block(
             pairs,
@@ -421,6 +443,10 @@ def summarize(args, graph: dict, sides: tuple[str, ...], pairs: list[dict], bf16
         "target_met": ratio <= 0.8 and acc["gnnscale"] >= acc["plain_dgl"] - 0.01,
         "test_acc": acc,
     }
+    if "gnnscale_base" in sides:
+        result["base_src"] = args.base_src
+        result["ratio_base_over_plain"] = round(med("gnnscale_base") / med("plain_dgl"), 3)
+        result["ratio_gnnscale_over_base"] = round(med("gnnscale") / med("gnnscale_base"), 3)
     if "gnnscale_prefetch" in sides:
         result["ratio_prefetch_over_default"] = round(med("gnnscale_prefetch") / med("gnnscale"), 3)
         result["ratio_prefetch_over_plain"] = round(med("gnnscale_prefetch") / med("plain_dgl"), 3)
@@ -447,6 +473,8 @@ def main() -> None:
     # Every side once per round, each in a fresh process, so a slow minute on a shared host lands on
     # all sides of one round; the order reverses every other round so no side always runs first.
     sides = ("plain_dgl", "gnnscale") + (() if args.no_prefetch_variant else ("gnnscale_prefetch",))
+    if args.base_src:
+        sides += ("gnnscale_base",)
     pairs = [one_round(r, sides, graph_dir, scratch, args) for r in range(args.repeats)]
     bf16 = None
     if not args.no_bf16:

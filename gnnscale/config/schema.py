@@ -135,6 +135,12 @@ class CscOptions:
 
 
 @dataclass
+class UiOptions:
+    # Off a terminal (a log file, a batch job) progress is one plain line this often, in seconds.
+    log_every_s: float = 30.0
+
+
+@dataclass
 class StageBase:
     seed: int = 0
     graph_dir: str = "graphs/${data.name}"
@@ -144,6 +150,7 @@ class StageBase:
     # The key=value overrides this config was composed with (filled in by gnnscale, recorded in
     # config.yaml): a setting the user chose is never replaced by a profile such as train.few_labels.
     cli_overrides: List[str] = field(default_factory=list)
+    ui: UiOptions = field(default_factory=UiOptions)
 
 
 @dataclass
@@ -161,8 +168,10 @@ class InferOptions:
     mode: str = "layerwise"  # layerwise (all nodes, exact) | sampled (a subset); --layerwise / --sampled
     batch_size: int = 16384  # destination nodes per batch
     layer: Optional[int] = None  # the layer whose output is embeddings.npy (1..L); default: last hidden
-    memory_budget_gb: float = 4.0  # two layers' rows (input + output) must fit, else layers stream from disk
-    storage: str = "auto"  # auto (decided by memory_budget_gb) | memory | disk
+    # auto = 90% of the memory limit (cgroup or MemAvailable), or a size (6GB): two layers' rows (input +
+    # output) must fit, else layers stream from disk
+    memory_budget: str = "auto"
+    storage: str = "auto"  # auto (decided by memory_budget) | memory | disk
     cache_layers: bool = True  # keep every layer's output in run_dir/layers/ so --update can reuse it
     probabilities: bool = False  # also write probabilities.npy (softmax of the logits)
     split: str = "test"  # the split whose accuracy summary.json reports
@@ -231,7 +240,10 @@ class TrainOptions:
     metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
     resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)
     feature_cache: str = "auto"  # auto | memory | mmap: hold features in RAM or gather from the shards
-    feature_cache_budget_mb: float = 2048.0  # auto: in memory when the feature matrix fits this
+    # What the run may use: auto = 90% of the memory limit it runs under (cgroup v2/v1, else
+    # MemAvailable), or a size (6GB). Decides feature_cache=auto and the prefetch depth; a run that
+    # cannot fit exits before training with settings that would.
+    memory_budget: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     few_labels: FewLabelsOptions = field(default_factory=FewLabelsOptions)
 

@@ -24,6 +24,7 @@ from gnnscale.inference.update import update_layers
 from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, LAYERS, PREDICTIONS
+from gnnscale.utils.memlimit import parse_size, resolve_budget
 from gnnscale.utils.ui import info, make_progress
 
 MODES = ("layerwise", "sampled")
@@ -41,11 +42,8 @@ def check_options(opts) -> None:
         raise ConfigError(
             f"infer.batch_size={opts.batch_size} must be positive", "use e.g. infer.batch_size=16384"
         )
-    if opts.memory_budget_gb <= 0:
-        raise ConfigError(
-            f"infer.memory_budget_gb={opts.memory_budget_gb} must be positive",
-            "use e.g. infer.memory_budget_gb=4",
-        )
+    if str(opts.memory_budget).lower() != "auto":
+        parse_size(opts.memory_budget, "infer.memory_budget")
     if opts.changes and opts.mode != "layerwise":
         raise ConfigError(
             "--update re-runs layer-wise inference; it cannot be combined with --sampled", "drop --sampled"
@@ -108,7 +106,8 @@ def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, de
 
     update: (UpdateInputs, affected rows per layer) to update a base run's cached layers instead.
     """
-    storage, why, need = plan_storage(num_nodes, list(model.dims), opts.memory_budget_gb, opts.storage)
+    budget = resolve_budget(opts.memory_budget, "infer.memory_budget")
+    storage, why, need = plan_storage(num_nodes, list(model.dims), budget, opts.storage)
     where = (
         "in memory (page cache, kept mapped)" if storage == "memory" else "on disk (pages dropped per batch)"
     )

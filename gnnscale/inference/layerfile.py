@@ -18,24 +18,18 @@ import numpy as np
 import torch
 
 
-def plan_storage(num_nodes: int, dims: list[int], budget_gb: float, storage: str) -> tuple[str, str, int]:
-    """('memory' | 'disk', why, bytes) for layer arrays of widths dims[1:], input rows dims[0] included."""
+def plan_storage(num_nodes: int, dims: list[int], budget, storage: str) -> tuple[str, str, int]:
+    """('memory' | 'disk', why, bytes) for layer arrays of widths dims[1:], input rows dims[0] included.
+    budget: a utils.memlimit.Budget (infer.memory_budget)."""
     # The largest pair of arrays one layer holds at once: its input rows and its output rows.
     pair = max((dims[i] + dims[i + 1]) * 4 * num_nodes for i in range(len(dims) - 1))
     need_gb = pair / 1e9
     if storage in ("memory", "disk"):
         return storage, f"infer.storage={storage} (one layer's input + output = {need_gb:.2f} GB)", pair
-    if need_gb <= budget_gb:
-        return (
-            "memory",
-            f"one layer's input + output = {num_nodes:,} x {pair // (4 * num_nodes)} x 4 B = {need_gb:.2f} GB fits infer.memory_budget_gb={budget_gb:g}",
-            pair,
-        )
-    return (
-        "disk",
-        f"one layer's input + output = {num_nodes:,} x {pair // (4 * num_nodes)} x 4 B = {need_gb:.2f} GB exceeds infer.memory_budget_gb={budget_gb:g}",
-        pair,
-    )
+    what = f"one layer's input + output = {num_nodes:,} x {pair // (4 * num_nodes)} x 4 B = {need_gb:.2f} GB"
+    if pair <= budget.bytes:
+        return "memory", f"{what} fits the memory budget {budget.bytes / 1e9:.2f} GB ({budget.why})", pair
+    return "disk", f"{what} exceeds the memory budget {budget.bytes / 1e9:.2f} GB ({budget.why})", pair
 
 
 def _header_len(path: Path) -> tuple[int, tuple, np.dtype]:

@@ -17,13 +17,14 @@ from gnnscale.stages.common import cpu_count, metered
 from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.tasks import build_task
 from gnnscale.training.alloc import keep_heap_warm
-from gnnscale.training.build import build_trainer, resolve_prefetch
+from gnnscale.training.build import build_trainer, preflight
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
 from gnnscale.training.data import load_train_data
 from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
 from gnnscale.training.precision import Precision
 from gnnscale.training.report import summary_rows, train_summary
 from gnnscale.training.resume import clear_previous_run, settle_run_dir
+from gnnscale.utils.memlimit import resolve_budget
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 
@@ -34,11 +35,16 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     threads = int(cfg.train.num_threads) or cpu_count()
     torch.set_num_threads(threads)
     set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
-    data = load_train_data(cfg.graph_dir, cfg.train.feature_cache, float(cfg.train.feature_cache_budget_mb))
+    data = load_train_data(cfg.graph_dir)  # features memory-mapped until the memory plan says otherwise
     cfg, few_labels = _few_labels(cfg, len(data.splits["train"]))
     t = cfg.train
     device = pick_device(t.device)
     precision = Precision(cfg.precision.dtype, device)
+    memory, decisions = preflight(cfg, data, device, resolve_budget(t.memory_budget, "train.memory_budget"))
+    for line in decisions:
+        info(line)
+    if memory.feature_cache == "memory":
+        data.hold_features_in_memory()
     task = build_task("node", t, data, device)
     run_dir = make_run_dir(cfg, "train")
     if resume_dir is None:
@@ -48,13 +54,22 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
         if on_epoch_end is not None:
             callbacks.append(EpochHook(on_epoch_end))
         trainer = build_trainer(
-            cfg, data, task, precision, device, run_dir, callbacks, lambda: meter.sampler.peak_rss_mb
+            cfg,
+            data,
+            task,
+            precision,
+            device,
+            run_dir,
+            memory.prefetch,
+            callbacks,
+            lambda: meter.sampler.peak_rss_mb,
         )
         if resume_dir is not None:
             same = trainer.restore()
             note = "" if same else " (its config differs from this one in settings other than the model)"
             info(f"resuming {run_dir} after epoch {trainer.resumed_from}{note}")
         info(_header(cfg, data, precision, device, trainer))
+        info(memory.line())
         try:
             result = trainer.fit()
         finally:
@@ -67,8 +82,9 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
         precision=precision.name,
         device=device.type,
         num_threads=threads,
-        prefetch=resolve_prefetch(int(t.prefetch), device),
+        prefetch=memory.prefetch,
         few_labels_applied=few_labels,
+        memory_plan=memory.as_dict(),
         **meter.stats(),
     )
     write_summary(run_dir, summary)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.graph_dir import GraphDir, load_shard_file
 
 
 class FeatureStore:
@@ -20,10 +20,30 @@ class FeatureStore:
         self.feat_dim = int(graph.meta["feat_dim"])
         self.dtype = getattr(torch, graph.meta["feat_dtype"])
         self._starts = torch.from_numpy(graph.node_starts)
-        self._feats = [graph.shard(i)["feat"] for i in range(graph.num_shards)]
         self.in_memory = in_memory
-        self._full = (
-            torch.cat(self._feats) if in_memory else (self._feats[0] if len(self._feats) == 1 else None)
+        if in_memory:
+            self._full, self._feats = self._load(graph), []
+        else:
+            self._feats = [graph.shard(i)["feat"] for i in range(graph.num_shards)]
+            self._full = self._feats[0] if len(self._feats) == 1 else None
+
+    def _load(self, graph: GraphDir) -> torch.Tensor:
+        """The whole feature matrix in RAM, copied shard by shard through a mapping that is dropped
+        right after: the file pages it touched then leave this process's RSS (torch.cat over the
+        graph's own mappings would hold every feature twice, once anonymous and once as page cache)."""
+        full = torch.empty((self.num_nodes, self.feat_dim), dtype=self.dtype)
+        for info in graph.meta["shards"]:
+            part = load_shard_file(graph.path / info["file"])
+            full[info["node_start"] : info["node_end"]] = part["feat"]
+            del part
+        return full
+
+    def all_finite(self, chunk: int = 1 << 16) -> bool:
+        """No NaN or inf in the in-memory matrix, checked by chunk (a full bool mask costs N x F bytes)."""
+        if self._full is None:
+            return True
+        return all(
+            bool(torch.isfinite(self._full[lo : lo + chunk]).all()) for lo in range(0, self.num_nodes, chunk)
         )
 
     @property

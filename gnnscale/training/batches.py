@@ -11,8 +11,14 @@ shuffle permutes the previous epoch's order in place, which a resumed process wo
 
 Speed: rows are gathered with index_select into a ring of reused buffers (a fresh tensor per
 batch costs page faults that dominate the gather), in a thread, `prefetch` batches ahead, while
-the current batch computes (torch kernels release the GIL). The ring has prefetch + 2 slots:
-one in compute (autograd may read it until backward ends), up to prefetch + 1 being filled.
+the current batch computes (torch kernels release the GIL). With a thread the ring has prefetch + 2
+slots: one in compute (autograd may read it until backward ends), up to prefetch + 1 being filled.
+Inline (prefetch 0) one slot is enough: the next batch is gathered only once the consumer is done
+with the current one.
+
+Memory: the train, val and test streams never run at the same time, so they share one ring
+(`FeatureBuffers`); otherwise each would keep its own largest batch (evaluation batches are the
+largest) for the whole run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,32 @@ def _single_threaded() -> None:
     set_num_threads(1)
 
 
+class FeatureBuffers:
+    """A ring of reused gather buffers, each grown to the largest batch it has held."""
+
+    def __init__(self, feat_dim: int, dtype: torch.dtype, prefetch: int, pin: bool = False):
+        self.feat_dim, self.dtype, self.pin = feat_dim, dtype, pin
+        self._slots: list[torch.Tensor | None] = [None] * (prefetch + 2 if prefetch > 0 else 1)
+        self._next = 0
+
+    def take(self, rows: int) -> torch.Tensor:
+        k = self._next
+        self._next = (k + 1) % len(self._slots)
+        buf = self._slots[k]
+        if buf is None or buf.shape[0] < rows:
+            self._slots[k] = buf = None  # free the old one before allocating its successor
+            # Grow with headroom: input-node counts vary a little from batch to batch.
+            buf = torch.empty((int(rows * 1.25) + 16, self.feat_dim), dtype=self.dtype)
+            if self.pin:
+                buf = buf.pin_memory()
+            self._slots[k] = buf
+        return buf[:rows]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._slots if b is not None)
+
+
 class BatchStream:
     def __init__(
         self,
@@ -48,15 +80,15 @@ class BatchStream:
         prefetch: int = 1,
         device: torch.device | None = None,
         num_batches: int | None = None,
+        buffers: FeatureBuffers | None = None,
     ):
         self.make_loader = make_loader
         self.features = features
         self.labels = labels
         self.prefetch = max(0, int(prefetch))
         self.device = device or torch.device("cpu")
-        self._pin = self.device.type == "cuda"
-        self._slots: list[torch.Tensor | None] = [None] * (self.prefetch + 2)
-        self._next_slot = 0
+        pin = self.device.type == "cuda"
+        self.buffers = buffers or FeatureBuffers(features.feat_dim, features.dtype, self.prefetch, pin)
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="gnnscale-gather", initializer=_single_threaded)
             if self.prefetch
@@ -73,18 +105,6 @@ class BatchStream:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-    def _buffer(self, rows: int) -> torch.Tensor:
-        k = self._next_slot
-        self._next_slot = (k + 1) % len(self._slots)
-        buf = self._slots[k]
-        if buf is None or buf.shape[0] < rows:
-            # Grow with headroom: input-node counts vary a little from batch to batch.
-            buf = torch.empty((int(rows * 1.25) + 16, self.features.feat_dim), dtype=self.features.dtype)
-            if self._pin:
-                buf = buf.pin_memory()
-            self._slots[k] = buf
-        return buf[:rows]
 
     def _gather(self, b: Batch, out: torch.Tensor) -> Batch:
         t0 = time.perf_counter()
@@ -115,7 +135,7 @@ class BatchStream:
                         exhausted = True
                         break
                     b.sample_s = time.perf_counter() - t0
-                    out = self._buffer(len(b.input_nodes))
+                    out = self.buffers.take(len(b.input_nodes))
                     if self._pool is not None:
                         pending.append(self._pool.submit(self._gather, b, out))
                     else:

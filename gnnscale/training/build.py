@@ -9,17 +9,20 @@ from typing import Callable, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from gnnscale.models import model_signature, signature_hash
+from gnnscale.errors import MemoryBudgetError
+from gnnscale.models import build_model, model_signature, signature_hash
 from gnnscale.sampling import build_loader, build_sampler
 from gnnscale.storage.run_dir import config_hash
-from gnnscale.training.batches import BatchStream
+from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.data import TrainData
+from gnnscale.training.memory_plan import MemoryPlan, Sizes, plan, probe_batches, refusal
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
+from gnnscale.utils.memlimit import Budget
 
 # Keys that steer where and whether a run continues, not what it computes.
-_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides")
+_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides", "ui")
 
 
 def hashable_cfg(cfg: DictConfig) -> dict:
@@ -37,16 +40,56 @@ def resolve_prefetch(prefetch: int, device: torch.device) -> int:
     return int(prefetch) if prefetch >= 0 else (2 if device.type == "cuda" else 0)
 
 
-def build_streams(cfg: DictConfig, data: TrainData, device: torch.device) -> dict:
+def _eval_batch_size(t) -> int:
+    return int(t.eval_batch_size) or 4 * int(t.batch_size)
+
+
+def _samplers(cfg: DictConfig) -> dict:
+    """{True: the training sampler, False: the evaluation one}."""
+    layers = int(cfg.model.num_layers)
+    return {
+        True: build_sampler(cfg.sampler, layers),
+        False: build_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
+    }
+
+
+def preflight(
+    cfg: DictConfig, data: TrainData, device: torch.device, budget: Budget
+) -> tuple[MemoryPlan, list[str]]:
+    """The memory plan, from a few sampled batches (drawn before the run's seeded RNG streams start).
+    Raises MemoryBudgetError, with settings that would fit, when even the leanest plan does not."""
+    t = cfg.train
+    samplers = _samplers(cfg)
+    train_shape = probe_batches(data.g, data.splits["train"], samplers[True], int(t.batch_size))
+    evals = [data.splits[s] for s in ("val", "test") if len(data.splits[s])]
+    eval_shape = max(
+        (probe_batches(data.g, ids, samplers[False], _eval_batch_size(t), k=1) for ids in evals),
+        key=lambda shape: shape.input_rows,
+        default=train_shape,
+    )
+    model = build_model(cfg.model, data.feat_dim, data.num_classes)
+    sizes = Sizes(
+        num_nodes=data.graph.num_nodes,
+        feat_dim=data.feat_dim,
+        feat_itemsize=data.features.dtype.itemsize,
+        csc_bytes=data.csc_bytes,
+        dims=tuple(model.dims),
+        num_params=sum(p.numel() for p in model.parameters()),
+        input_dropout=float(t.input_dropout) > 0,
+    )
+    prefetch = resolve_prefetch(int(t.prefetch), device)
+    p, decisions = plan(sizes, train_shape, eval_shape, t.feature_cache, prefetch, budget)
+    if not p.fits:
+        raise MemoryBudgetError(*refusal(sizes, train_shape, eval_shape, p, t))
+    return p, decisions
+
+
+def build_streams(cfg: DictConfig, data: TrainData, device: torch.device, prefetch: int) -> dict:
     """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones."""
     t = cfg.train
-    layers = int(cfg.model.num_layers)
-    samplers = {
-        True: build_sampler(cfg.sampler, layers),
-        False: build_sampler(cfg.sampler, layers, t.eval_fanouts),
-    }
-    eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
-    prefetch = resolve_prefetch(int(t.prefetch), device)
+    samplers = _samplers(cfg)
+    eval_bs = _eval_batch_size(t)
+    buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
 
     def stream(split: str, train: bool) -> BatchStream:
         ids, bs, sampler = data.splits[split], int(t.batch_size) if train else eval_bs, samplers[train]
@@ -57,6 +100,7 @@ def build_streams(cfg: DictConfig, data: TrainData, device: torch.device) -> dic
             prefetch=prefetch,
             device=device,
             num_batches=math.ceil(len(ids) / bs),
+            buffers=buffers,
         )
 
     return {"train": stream("train", True), "val": stream("val", False), "test": stream("test", False)}
@@ -69,6 +113,7 @@ def build_trainer(
     precision,
     device: torch.device,
     run_dir: Path,
+    prefetch: int,
     callbacks: Sequence[Callback] = (),
     peak_rss_mb: Callable[[], float | None] = lambda: None,
 ) -> Trainer:
@@ -93,7 +138,7 @@ def build_trainer(
         grad_clip=float(t.grad_clip),
         input_dropout=float(t.input_dropout),
     )
-    streams = build_streams(cfg, data, device)
+    streams = build_streams(cfg, data, device, prefetch)
     return Trainer(
         model,
         task,

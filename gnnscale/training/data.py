@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gnnscale.errors import ConfigError, DataError
+from gnnscale.errors import DataError
 from gnnscale.sampling.graph import to_dgl_graph
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
@@ -31,6 +31,19 @@ class TrainData:
     def name(self) -> str:
         return str(self.graph.meta["name"])
 
+    def hold_features_in_memory(self) -> None:
+        features = FeatureStore(self.graph, in_memory=True)
+        if not features.all_finite():
+            raise DataError(
+                f"features in '{self.graph.path}' hold NaN or inf",
+                "clean the source features and re-run `gnnscale shard`",
+            )
+        self.features, self.feature_cache = features, "memory"
+
+    @property
+    def csc_bytes(self) -> int:
+        return int((self.graph.num_nodes + 1) * 8 + self.graph.meta["csc"]["num_edges"] * 8)
+
     def describe(self) -> dict:
         return {
             "name": self.name,
@@ -41,30 +54,14 @@ class TrainData:
         }
 
 
-def decide_feature_cache(mode: str, nbytes: int, budget_mb: float) -> str:
-    """`auto` holds the feature matrix in RAM when it fits the budget; else rows come from the mmap'd shards."""
-    if mode not in FEATURE_CACHES:
-        raise ConfigError(
-            f"train.feature_cache={mode!r} is not known", f"choose one of {', '.join(FEATURE_CACHES)}"
-        )
-    if mode != "auto":
-        return mode
-    return "memory" if nbytes <= budget_mb * 2**20 else "mmap"
-
-
-def load_train_data(graph_dir: str, feature_cache: str = "auto", budget_mb: float = 2048.0) -> TrainData:
+def load_train_data(graph_dir: str, feature_cache: str = "mmap") -> TrainData:
+    """Structure, labels and splits; features memory-mapped, or in RAM for feature_cache=memory
+    (`auto` is decided later, from the memory plan: TrainData.hold_features_in_memory)."""
     graph = GraphDir(graph_dir)
     g = to_dgl_graph(graph)  # raises GraphDirError with "run build-csr first" when csc/ is absent
     num_classes = int(graph.meta["num_classes"])
     feat_dim = int(graph.meta["feat_dim"])
-    probe = FeatureStore(graph, in_memory=False)
-    mode = decide_feature_cache(feature_cache, probe.nbytes, budget_mb)
-    features = FeatureStore(graph, in_memory=True) if mode == "memory" else probe
-    if mode == "memory" and features._full is not None and not bool(torch.isfinite(features._full).all()):
-        raise DataError(
-            f"features in '{graph_dir}' hold NaN or inf",
-            "clean the source features and re-run `gnnscale shard`",
-        )
+    features = FeatureStore(graph, in_memory=False)
     labels = graph.labels().to(torch.int64)
     splits, unlabelled = {}, {}
     for split in SPLITS:
@@ -88,4 +85,7 @@ def load_train_data(graph_dir: str, feature_cache: str = "auto", budget_mb: floa
             f"'{graph_dir}' has no labelled training nodes",
             "shard it with a split (data.split_fractions or the source's split)",
         )
-    return TrainData(graph, g, features, labels, splits, num_classes, feat_dim, mode)
+    data = TrainData(graph, g, features, labels, splits, num_classes, feat_dim, "mmap")
+    if feature_cache == "memory":
+        data.hold_features_in_memory()
+    return data

@@ -11,6 +11,7 @@ from gnnscale.tasks.metrics import check_metric
 from gnnscale.training.data import FEATURE_CACHES
 from gnnscale.training.precision import DTYPES
 from gnnscale.training.schedule import OPTIMIZERS, SCHEDULES
+from gnnscale.utils.memlimit import parse_size
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -50,13 +51,8 @@ def check_train_cfg(cfg) -> None:
     _require(t.num_threads >= 0, "train.num_threads", t.num_threads, "must be >= 0 (0 = every core)", 0)
     _require(t.eval_every >= 1, "train.eval_every", t.eval_every, "must be at least 1", 1)
     _require(t.patience >= 0, "train.patience", t.patience, "must be >= 0 (0 = no early stopping)", 10)
-    _require(
-        t.feature_cache_budget_mb >= 0,
-        "train.feature_cache_budget_mb",
-        t.feature_cache_budget_mb,
-        "must be >= 0",
-        2048,
-    )
+    if str(t.memory_budget).lower() != "auto":
+        parse_size(t.memory_budget, "train.memory_budget")
     if t.optimizer not in OPTIMIZERS:
         raise ConfigError(
             f"train.optimizer={t.optimizer!r} is not known", f"choose one of {', '.join(OPTIMIZERS)}"

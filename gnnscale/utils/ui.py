@@ -1,8 +1,10 @@
-"""Rank-zero console output and progress bars (rich); bars are hidden when stderr is not a terminal."""
+"""Rank-zero console output and progress: rich bars on a terminal; off a terminal (a log file, a batch
+job) one plain line at a fixed interval with done / total, rate and ETA (`ui.log_every_s`)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterable, Iterator, TypeVar
 
 from rich.console import Console
@@ -37,7 +39,88 @@ def progress_enabled() -> bool:
     return is_rank_zero() and err_console.is_terminal
 
 
-def make_progress(transient: bool = False) -> Progress:
+_log_every_s = 30.0
+
+
+def set_log_interval(seconds: float) -> None:
+    """How often a progress line is printed off a terminal (the stage config's ui.log_every_s)."""
+    global _log_every_s
+    _log_every_s = max(0.0, float(seconds))
+
+
+class LogProgress:
+    """The rich Progress calls gnnscale makes, as plain lines: at most one per interval."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._tasks: dict[int, dict] = {}
+        self._last = time.monotonic()
+
+    def __enter__(self) -> "LogProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def add_task(self, description: str, total: float | None = None, extra: str = "", **_) -> int:
+        k = len(self._tasks)
+        self._tasks[k] = {
+            "description": description,
+            "total": total,
+            "completed": 0,
+            "extra": extra,
+            "t0": time.monotonic(),
+        }
+        return k
+
+    def update(self, task: int, completed=None, advance=None, total=None, extra=None, **_) -> None:
+        t = self._tasks[task]
+        if total is not None:
+            t["total"] = total
+        if completed is not None:
+            t["completed"] = completed
+        if advance is not None:
+            t["completed"] += advance
+        if extra is not None:
+            t["extra"] = extra
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            console.print(self.line(t, now), markup=False, highlight=False, soft_wrap=True)
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+    def remove_task(self, task: int) -> None:
+        self._tasks.pop(task, None)
+
+    @staticmethod
+    def line(t: dict, now: float) -> str:
+        done, total = t["completed"], t["total"]
+        elapsed = max(now - t["t0"], 1e-9)
+        rate = done / elapsed
+        parts = [
+            f"{t['description']}: {done:,.0f}/{total:,.0f}" if total else f"{t['description']}: {done:,.0f}"
+        ]
+        parts.append(f"{rate:,.1f}/s")
+        if total and rate > 0:
+            parts.append(f"ETA {_clock(max(total - done, 0) / rate)}")
+        parts.append(f"elapsed {_clock(elapsed)}")
+        if t["extra"]:
+            parts.append(str(t["extra"]))
+        return " · ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def make_progress(transient: bool = False):
+    """rich bars on a terminal; a LogProgress on rank zero elsewhere; nothing on other ranks."""
+    if is_rank_zero() and not progress_enabled():
+        return LogProgress(_log_every_s)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -1,0 +1,210 @@
+"""What a train run will hold in memory, estimated before the first batch, and the settings that fit.
+
+The estimate starts from what the process holds now (interpreter, torch, DGL, labels and splits:
+measured, not guessed) and adds what training will allocate, from the sizes of a few sampled
+batches: the feature matrix when it is held in RAM, the gather buffers (one per prefetched batch),
+one training step's blocks, activations and gradients (or one evaluation batch's, whichever is
+larger), and the optimizer's state. Memory-mapped files (the CSC, features read from the shards)
+show up in RSS too, but the kernel can reclaim them: they are counted in `rss`, and only the CSC,
+which sampling reads all over, in what must fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gnnscale.utils.memlimit import Budget, gb
+from gnnscale.utils.memory import rss_anon_mb, rss_mb
+
+BYTES = 4  # float32 activations, gathered rows and parameters
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The largest of a few sampled batches: rows gathered, and per layer (input first) dst rows and edges."""
+
+    input_rows: int
+    dst_rows: tuple[int, ...]
+    edges: tuple[int, ...]
+
+    def scaled(self, factor: float, num_nodes: int) -> "BatchShape":
+        """A batch `factor` times as large (linear: an upper bound, neighbourhoods overlap more)."""
+        return BatchShape(
+            min(int(self.input_rows * factor) + 1, num_nodes),
+            tuple(min(int(d * factor) + 1, num_nodes) for d in self.dst_rows),
+            tuple(int(e * factor) + 1 for e in self.edges),
+        )
+
+
+def probe_batches(g, ids: torch.Tensor, sampler, batch_size: int, k: int = 3) -> BatchShape:
+    """Sample k batches of `ids` (the first k of a fixed random order) and keep the largest sizes."""
+    order = torch.from_numpy(np.random.default_rng(0).permutation(len(ids)))
+    shapes = []
+    for j in range(min(k, max(1, -(-len(ids) // batch_size)))):
+        seeds = ids[order[j * batch_size : (j + 1) * batch_size]]
+        input_nodes, _, blocks = sampler.sample_blocks(g, seeds)
+        shapes.append(
+            (len(input_nodes), [b.num_dst_nodes() for b in blocks], [b.num_edges() for b in blocks])
+        )
+    return BatchShape(
+        max(s[0] for s in shapes),
+        tuple(max(s[1][i] for s in shapes) for i in range(len(shapes[0][1]))),
+        tuple(max(s[2][i] for s in shapes) for i in range(len(shapes[0][2]))),
+    )
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the plan needs to know about the graph and the model (no tensors)."""
+
+    num_nodes: int
+    feat_dim: int
+    feat_itemsize: int
+    csc_bytes: int
+    dims: tuple[int, ...]  # in_dim, hidden..., num_classes
+    num_params: int
+    input_dropout: bool
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    feature_cache: str  # memory | mmap
+    prefetch: int
+    parts: dict  # name -> bytes
+    must_fit: int  # anonymous memory plus the CSC: what a limit must hold for training to run
+    rss: int  # what peak RSS should read (mapped files included)
+    budget: Budget
+
+    @property
+    def fits(self) -> bool:
+        return self.must_fit <= self.budget.bytes
+
+    def line(self) -> str:
+        return (
+            f"memory: estimate {gb(self.must_fit)} (peak RSS ~{gb(self.rss)}) of a {gb(self.budget.bytes)} budget "
+            f"({self.budget.why}) · features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} "
+            f"· prefetch {self.prefetch} · graph structure memory-mapped"
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "feature_cache": self.feature_cache,
+            "prefetch": self.prefetch,
+            "must_fit_mb": round(self.must_fit / 2**20, 1),
+            "rss_estimate_mb": round(self.rss / 2**20, 1),
+            "budget_mb": round(self.budget.bytes / 2**20, 1),
+            "budget": self.budget.why,
+            "parts_mb": {k: round(v / 2**20, 1) for k, v in self.parts.items()},
+        }
+
+
+def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
+    """One batch's blocks and activations (with their gradients when training)."""
+    blocks = sum(e * 8 * 4 for e in shape.edges)  # src, dst, the block's CSC and edge ids: int64 each
+    acts = 0
+    for i, dst in enumerate(shape.dst_rows):
+        d_in, d_out = s.dims[i], s.dims[i + 1]
+        # Aggregated neighbours (d_in), self and neighbour projections, the output (+ dropout mask).
+        acts += dst * (d_in + 3 * d_out) * BYTES
+    if not train:
+        return blocks + acts
+    extra = shape.input_rows * s.feat_dim * BYTES if s.input_dropout else 0
+    return blocks + 2 * acts + extra  # backward holds a gradient beside each saved activation
+
+
+def estimate(
+    s: Sizes,
+    train_shape: BatchShape,
+    eval_shape: BatchShape,
+    feature_cache: str,
+    prefetch: int,
+    budget: Budget,
+) -> MemoryPlan:
+    anon_now, rss_now = (rss_anon_mb() or 0.0) * 2**20, (rss_mb() or 0.0) * 2**20
+    rows = max(train_shape.input_rows, eval_shape.input_rows)
+    slots = prefetch + 2 if prefetch > 0 else 1
+    cast = s.feat_itemsize != BYTES  # fp16/bf16 features are cast to float32 after the gather
+    parts = {
+        "process now": int(anon_now),
+        "features in RAM": s.num_nodes * s.feat_dim * s.feat_itemsize if feature_cache == "memory" else 0,
+        "gather buffers": int(slots * rows * 1.25 * s.feat_dim * s.feat_itemsize)
+        + (rows * s.feat_dim * BYTES if cast else 0),
+        "batch working set": max(_step_bytes(s, train_shape, True), _step_bytes(s, eval_shape, False)),
+        "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
+        "graph structure (mmap)": s.csc_bytes,
+    }
+    anon = sum(v for k, v in parts.items() if k != "graph structure (mmap)")
+    mapped_features = s.num_nodes * s.feat_dim * s.feat_itemsize if feature_cache == "mmap" else 0
+    # RSS also counts the mapped pages already touched, the CSC, and feature pages read through the mmap.
+    rss = anon + int(max(rss_now - anon_now, 0)) + s.csc_bytes + mapped_features
+    return MemoryPlan(feature_cache, prefetch, parts, anon + s.csc_bytes, rss, budget)
+
+
+def plan(
+    s: Sizes,
+    train_shape: BatchShape,
+    eval_shape: BatchShape,
+    feature_cache: str,
+    prefetch: int,
+    budget: Budget,
+) -> tuple[MemoryPlan, list[str]]:
+    """The plan to run with and what was decided to get there (one line each): features in RAM only
+    when that fits (feature_cache=auto), prefetch shrunk to fit. The plan may still not fit."""
+    decisions = []
+    caches = ["memory", "mmap"] if feature_cache == "auto" else [feature_cache]
+    for cache in caches:
+        for depth in range(prefetch, -1, -1):
+            p = estimate(s, train_shape, eval_shape, cache, depth, budget)
+            if p.fits:
+                if feature_cache == "auto":
+                    decisions.append(
+                        "features in RAM: they fit the memory budget"
+                        if cache == "memory"
+                        else "features memory-mapped: held in RAM they would not fit the memory budget"
+                    )
+                if depth < prefetch:
+                    decisions.append(f"prefetch {prefetch} -> {depth}: a deeper prefetch would not fit")
+                return p, decisions
+    return estimate(s, train_shape, eval_shape, caches[-1], 0, budget), decisions
+
+
+def refusal(s: Sizes, train_shape: BatchShape, eval_shape: BatchShape, p: MemoryPlan, t) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for a plan that does not fit its budget; t: the train options."""
+    budget = p.budget
+    lean = estimate(s, train_shape, eval_shape, "mmap", 0, budget)
+    what = (
+        f"train needs about {gb(p.must_fit)} (features {'in RAM' if p.feature_cache == 'memory' else 'memory-mapped'}, "
+        f"prefetch {p.prefetch}) but its memory budget is {gb(budget.bytes)} ({budget.why})"
+    )
+    if lean.fits:
+        return what, f"use train.feature_cache=auto (memory-mapped features fit: {gb(lean.must_fit)})"
+    eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
+    fix = fitting_settings(s, train_shape, eval_shape, int(t.batch_size), eval_bs, budget)
+    return what, (
+        f"it would fit with {fix}"
+        if fix
+        else "it does not fit even at batch size 16: use a machine with more memory"
+    ) + "; or raise the limit, or set train.memory_budget=SIZE if the limit read is wrong"
+
+
+def fitting_settings(
+    s: Sizes, train_shape: BatchShape, eval_shape: BatchShape, batch_size: int, eval_batch_size: int,
+    budget: Budget,
+) -> str | None:  # fmt: skip
+    """Override suggestions that would fit (the leanest plan: features mmap'd, no prefetch), or None."""
+    lean = dict(feature_cache="mmap", prefetch=0, budget=budget)
+    train_bs = batch_size
+    while train_bs >= 16:
+        f = train_bs / batch_size
+        # Evaluation batches first come down to the training size: they are the largest.
+        eval_bs = min(eval_batch_size, train_bs)
+        t = train_shape.scaled(f, s.num_nodes) if f < 1 else train_shape
+        e = eval_shape.scaled(eval_bs / eval_batch_size, s.num_nodes)
+        p = estimate(s, t, e, **lean)
+        if p.fits:
+            return f"train.batch_size={train_bs} train.eval_batch_size={eval_bs} (estimate {gb(p.must_fit)})"
+        train_bs //= 2
+    return None
