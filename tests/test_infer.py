@@ -115,7 +115,10 @@ def test_chosen_layer_and_no_cache(tmp_path, graph, ckpt):
 
 def test_memory_budget_decides_storage(tmp_path, graph, ckpt):
     s = infer(tmp_path, "small", f"ckpt={ckpt}", "infer.memory_budget=10KB")
-    assert s["storage"]["layers"] == "disk" and "exceeds the memory budget 0.00 GB (infer.memory_budget=10KB)" in s["storage"]["why"]
+    assert (
+        s["storage"]["layers"] == "disk"
+        and "exceeds the memory budget 0.00 GB (infer.memory_budget=10KB)" in s["storage"]["why"]
+    )
     s2 = infer(tmp_path, "big", f"ckpt={ckpt}")
     assert s2["storage"]["layers"] == "memory" and "fits" in s2["storage"]["why"]
     assert np.array_equal(

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gnnscale.sampling import blocks as blocks_mod
-from gnnscale.sampling.neighbor import NeighborBlockSampler
 from gnnscale.sampling.graph import to_dgl_graph
+from gnnscale.sampling.neighbor import NeighborBlockSampler
 from gnnscale.storage.graph_dir import GraphDir
 from tests.conftest import TINY_SYNTHETIC, build_graph
 

@@ -145,7 +145,9 @@ def resolve_budget(spec: str, key: str, limit: MemoryLimit | None = None) -> Bud
             "cannot read this machine's memory limit (no cgroup limit, no /proc/meminfo)",
             f"set {key}=SIZE, e.g. {key}=8GB",
         )
-    return Budget(int(limit.bytes * AUTO_FRACTION), f"{AUTO_FRACTION:.0%} of {gb(limit.bytes)}, {limit.source}")
+    return Budget(
+        int(limit.bytes * AUTO_FRACTION), f"{AUTO_FRACTION:.0%} of {gb(limit.bytes)}, {limit.source}"
+    )
 
 
 def gb(n: float) -> str:
