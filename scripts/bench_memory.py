@@ -8,6 +8,8 @@ fanouts [25, 10] (sage_2hop's), batch 1024, for --epochs, then scores the test s
   plain_dgl        DGL's documented recipe, everything in memory (scripts/bench_train.py's loop)
   gnnscale         `gnnscale train` with its defaults (feature_cache=auto, prefetch auto, budget auto)
   gnnscale_lean    the leanest settings: train.feature_cache=mmap train.prefetch=0
+  gnnscale_base    with --base-src DIR: `gnnscale train` from another source tree (an earlier commit),
+                   to say how much a change saved
 
 Each side runs in a fresh spawned child; the graph's files are read just before each starts. Peak RSS
 is the child's ru_maxrss (its whole life: loading included, on both sides). --repeats rounds, the order
@@ -45,10 +47,18 @@ def gnnscale_child(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: 
     bt.gnnscale_train(graph_dir, epochs, seed, run_dir, extra, queue)
 
 
+def base_child(src: str, graph_dir: str, epochs: int, seed: int, run_dir: str, queue) -> None:
+    bt.FANOUTS[:] = FANOUTS
+    bt.gnnscale_base_train(src, graph_dir, epochs, seed, run_dir, queue)
+
+
 def run_side(side: str, graph_dir: Path, scratch: Path, args) -> dict:
     bt.warm(graph_dir)
     if side == "plain_dgl":
         return bt.in_child(plain_child, str(graph_dir), args.epochs, args.seed)
+    if side == "gnnscale_base":  # an earlier tree: no memory plan in its summary
+        run_dir = str(scratch / "run_base")
+        return bt.in_child(base_child, args.base_src, str(graph_dir), args.epochs, args.seed, run_dir)
     run_dir = scratch / f"run_{side}"
     got = bt.in_child(
         gnnscale_child,
@@ -66,7 +76,7 @@ def spread(xs: list[float]) -> dict:
     return {"median": round(statistics.median(xs), 3), "min": min(xs), "max": max(xs), "all": xs}
 
 
-def summarize(args, graph: dict, rounds: list[dict]) -> dict:
+def summarize(args, graph: dict, rounds: list[dict], sides: tuple[str, ...]) -> dict:
     def per_round(side: str, key: str) -> list[float]:
         if key == "epoch_time_s":
             return [round(statistics.mean(r[side][key]), 3) for r in rounds]
@@ -75,8 +85,13 @@ def summarize(args, graph: dict, rounds: list[dict]) -> dict:
             raise SystemExit(f"{side}: {key} could not be measured; no memory figure without it")
         return value
 
-    out = {side: {k: spread(per_round(side, k)) for k in ("max_rss_mb", "epoch_time_s")} for side in SIDES}
+    out = {side: {k: spread(per_round(side, k)) for k in ("max_rss_mb", "epoch_time_s")} for side in sides}
     ratios = {}
+    if "gnnscale_base" in sides:
+        for key, name in (("max_rss_mb", "rss"), ("epoch_time_s", "epoch_time")):
+            for num, den in (("gnnscale_base", "plain_dgl"), ("gnnscale", "gnnscale_base")):
+                per = [round(a / b, 3) for a, b in zip(per_round(num, key), per_round(den, key), strict=True)]
+                ratios[f"{num}_over_{den}_{name}"] = {**spread(per), "repeats": len(per)}
     for side in ("gnnscale", "gnnscale_lean"):
         for key, name in (("max_rss_mb", "rss"), ("epoch_time_s", "epoch_time")):
             per = [
@@ -95,10 +110,11 @@ def summarize(args, graph: dict, rounds: list[dict]) -> dict:
     return {
         "graph": graph,
         "setup": {"fanouts": FANOUTS, "batch_size": bt.BATCH, "hidden": bt.HIDDEN, "epochs": args.epochs,
-                  "repeats": args.repeats, "lean": LEAN, "order": "reversed every other round"},  # fmt: skip
+                  "repeats": args.repeats, "lean": LEAN, "order": "reversed every other round",
+                  "base_src": args.base_src},  # fmt: skip
         "sides": out,
         "ratios": ratios,
-        "test_acc": {side: [r[side]["test_acc"] for r in rounds] for side in SIDES},
+        "test_acc": {side: [r[side]["test_acc"] for r in rounds] for side in sides},
         "target": "gnnscale peak RSS <= 1.1 x plain_dgl; estimate within +-30 % of the measured peak",
         "target_met": ratios["gnnscale_over_plain_rss"]["max"] <= 1.1
         and all(0.7 <= x <= 1.3 for s in ("gnnscale", "gnnscale_lean") for x in out[s]["estimate"]["estimate_over_measured"]["all"]),
@@ -115,6 +131,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base-src", help="also run `gnnscale train` from this source tree (side gnnscale_base)")
     ap.add_argument("--scratch", default=str(ROOT / "bench" / "tmp" / "memory"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory.json"))
     args = ap.parse_args()
@@ -122,9 +139,10 @@ def main() -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     graph_dir = scratch / "graph"
     graph = bt.build_graph(graph_dir, args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes)
+    sides = SIDES + (("gnnscale_base",) if args.base_src else ())
     rounds = []
     for r in range(args.repeats):
-        row = {"order": list(bt.in_turn(r, SIDES))}
+        row = {"order": list(bt.in_turn(r, sides))}
         for side in row["order"]:
             got = row[side] = run_side(side, graph_dir, scratch, args)
             print(
@@ -132,7 +150,7 @@ def main() -> None:
                 flush=True,
             )
         rounds.append(row)
-    result = summarize(args, graph, rounds)
+    result = summarize(args, graph, rounds, sides)
     from gnnscale.utils.atomic import write_json
 
     write_json(args.out, result)

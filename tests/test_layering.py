@@ -62,3 +62,30 @@ def test_storage_is_free_of_dgl():
         if "import dgl" in text
     ]
     assert hits == []
+
+
+def test_stages_are_thin():
+    """A stage composes, calls its package and renders: at most 200 lines, run() at most 60."""
+    too_long = []
+    for p in sorted((PACKAGE / "stages").glob("*.py")):
+        text = p.read_text()
+        if len(text.splitlines()) > 200:
+            too_long.append(f"{p.name}: {len(text.splitlines())} lines")
+        for node in ast.parse(text).body:
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name == "run"
+                and node.end_lineno - node.lineno >= 60
+            ):
+                too_long.append(f"{p.name}: run() is {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []
+
+
+def test_one_module_unpickles_checkpoints():
+    hits = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if "torch.load(" in p.read_text()
+        and p.name != "graph_dir.py"  # graph_dir.py: shards, not checkpoints
+    )
+    assert hits == ["models/checkpoint.py"]

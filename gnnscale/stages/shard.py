@@ -54,35 +54,36 @@ def run(cfg: DictConfig) -> dict:
         except BaseException:
             writer.abort()
             raise
-    summary = {
+    summary = _summary(cfg, meta, meter)
+    write_summary(run_dir, summary)
+    summary_table(f"shard: {meta['name']} -> {cfg.graph_dir}", _rows(meta, summary))
+    info(f"summary: {run_dir / 'summary.json'}")
+    summary["run_dir"] = str(run_dir)
+    return summary
+
+
+def _summary(cfg: DictConfig, meta: dict, meter) -> dict:
+    keys = ("name", "num_nodes", "num_edges", "input_edges", "feat_dim", "num_classes", "splits")
+    return {
         "stage": "shard",
         "graph_dir": str(cfg.graph_dir),
-        "name": meta["name"],
-        "num_nodes": meta["num_nodes"],
-        "num_edges": meta["num_edges"],
-        "input_edges": meta["input_edges"],
-        "feat_dim": meta["feat_dim"],
-        "num_classes": meta["num_classes"],
-        "splits": meta["splits"],
+        **{k: meta[k] for k in keys},
         "num_shards": len(meta["shards"]),
         "edges_per_s": round(meta["input_edges"] / max(meter.wall_s, 1e-9)),
         **meter.stats(),
     }
-    write_summary(run_dir, summary)
-    summary_table(
-        f"shard: {meta['name']} -> {cfg.graph_dir}",
-        {
-            "nodes": meta["num_nodes"],
-            "directed edges stored": meta["num_edges"],
-            "avg in-degree": meta["num_edges"] / meta["num_nodes"],
-            "features": f"{meta['feat_dim']} ({meta['feat_dtype']})",
-            "classes": meta["num_classes"],
-            "train / val / test": f"{meta['splits']['train']:,} / {meta['splits']['val']:,} / {meta['splits']['test']:,} ({meta['splits']['origin']})",
-            "shards": len(meta["shards"]),
-            "wall time (s)": summary["wall_time_s"],
-            "peak anon memory (MB)": summary["peak_anon_mb"],
-        },
-    )
-    info(f"summary: {run_dir / 'summary.json'}")
-    summary["run_dir"] = str(run_dir)
-    return summary
+
+
+def _rows(meta: dict, summary: dict) -> dict:
+    splits = meta["splits"]
+    return {
+        "nodes": meta["num_nodes"],
+        "directed edges stored": meta["num_edges"],
+        "avg in-degree": meta["num_edges"] / meta["num_nodes"],
+        "features": f"{meta['feat_dim']} ({meta['feat_dtype']})",
+        "classes": meta["num_classes"],
+        "train / val / test": f"{splits['train']:,} / {splits['val']:,} / {splits['test']:,} ({splits['origin']})",
+        "shards": len(meta["shards"]),
+        "wall time (s)": summary["wall_time_s"],
+        "peak anon memory (MB)": summary["peak_anon_mb"],
+    }

@@ -31,20 +31,13 @@ from gnnscale.utils.ui import info, make_progress, summary_table
 def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> dict:
     check_train_cfg(cfg)
     cfg, resume_dir = settle_run_dir(cfg)
-    keep_heap_warm()
-    threads = int(cfg.train.num_threads) or cpu_count()
-    torch.set_num_threads(threads)
-    set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
+    threads = _setup_process(cfg)
     data = load_train_data(cfg.graph_dir)  # features memory-mapped until the memory plan says otherwise
     cfg, few_labels = _few_labels(cfg, len(data.splits["train"]))
     t = cfg.train
     device = pick_device(t.device)
     precision = Precision(cfg.precision.dtype, device)
-    memory, decisions = preflight(cfg, data, device, resolve_budget(t.memory_budget, "train.memory_budget"))
-    for line in decisions:
-        info(line)
-    if memory.feature_cache == "memory":
-        data.hold_features_in_memory()
+    memory = _plan_memory(cfg, data, device)
     task = build_task("node", t, data, device)
     run_dir = make_run_dir(cfg, "train")
     if resume_dir is None:
@@ -91,6 +84,26 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     summary_table(f"train: {cfg.model.arch} on {data.name} -> {run_dir}", summary_rows(summary))
     info(f"summary: {run_dir / 'summary.json'}   checkpoint: {summary['checkpoint']}")
     return {**summary, "run_dir": str(run_dir)}
+
+
+def _setup_process(cfg: DictConfig) -> int:
+    keep_heap_warm()
+    threads = int(cfg.train.num_threads) or cpu_count()
+    torch.set_num_threads(threads)
+    set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
+    return threads
+
+
+def _plan_memory(cfg: DictConfig, data, device):
+    """The memory plan (exit 2 when nothing fits), its decisions said, the features placed as decided."""
+    memory, decisions = preflight(
+        cfg, data, device, resolve_budget(cfg.train.memory_budget, "train.memory_budget")
+    )
+    for line in decisions:
+        info(line)
+    if memory.feature_cache == "memory":
+        data.hold_features_in_memory()
+    return memory
 
 
 def _few_labels(cfg: DictConfig, num_train: int) -> tuple[DictConfig, dict]:

@@ -1,1 +1,1 @@
-"""graph_dir storage: shard format (DESIGN §4), CSC arrays and the FeatureStore."""
+"""On-disk formats, free of DGL: graph_dir (shards, meta.json, CSC arrays, FeatureStore) and run_dir."""

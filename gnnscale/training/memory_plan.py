@@ -205,6 +205,7 @@ def fitting_settings(
         e = eval_shape.scaled(eval_bs / eval_batch_size, s.num_nodes)
         p = estimate(s, t, e, **lean)
         if p.fits:
-            return f"train.batch_size={train_bs} train.eval_batch_size={eval_bs} (estimate {gb(p.must_fit)})"
+            keys = [f"train.batch_size={train_bs}"] if train_bs != batch_size else []
+            return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])
         train_bs //= 2
     return None

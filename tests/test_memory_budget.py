@@ -1,0 +1,258 @@
+"""train lives within its memory: the limit reader, the plan and its decisions, refusal before any batch,
+plain progress lines off a terminal, and a real cgroup limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gnnscale.errors import ConfigError
+from gnnscale.stages import train
+from gnnscale.training.memory_plan import BatchShape, Sizes, estimate, fitting_settings, plan, refusal
+from gnnscale.utils.memlimit import Budget, gb, memory_limit, parse_size, resolve_budget
+from tests.conftest import TINY_SYNTHETIC, build_graph, compose
+
+CLI = [sys.executable, "-c", "from gnnscale.cli import main; main()"]
+
+
+# ---------------------------------------------------------------- the limit reader, on fake files
+def fake_machine(tmp_path: Path, cgroup_line: str, files: dict, avail_kb: int | None = 8_000_000):
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(cgroup_line + "\n")
+    (proc / "self" / "status").write_text("Name:\tpython\nVmRSS:\t  100000 kB\nRssAnon:\t 90000 kB\n")
+    if avail_kb is not None:
+        (proc / "meminfo").write_text(f"MemTotal:       16000000 kB\nMemAvailable:   {avail_kb} kB\n")
+    for rel, text in files.items():
+        (cg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cg / rel).write_text(text + "\n")
+    return proc, cg
+
+
+def test_cgroup_v2_limit_is_the_smallest_up_the_path(tmp_path):
+    proc, cg = fake_machine(
+        tmp_path, "0::/a/b", {"a/b/memory.max": "1073741824", "a/memory.max": "max", "memory.max": "max"}
+    )
+    limit = memory_limit(proc, cg)
+    assert (limit.bytes, limit.source) == (1073741824, "cgroup v2 memory.max")
+    (cg / "a" / "memory.max").write_text("500000000\n")  # a parent's tighter limit binds the child
+    assert memory_limit(proc, cg).bytes == 500_000_000
+
+
+def test_cgroup_v2_beside_v1_is_read_under_unified(tmp_path):
+    proc, cg = fake_machine(tmp_path, "0::/job", {"unified/job/memory.max": "2000000000"})
+    assert memory_limit(proc, cg).bytes == 2_000_000_000
+
+
+def test_cgroup_v1_limit_and_its_no_limit_value(tmp_path):
+    proc, cg = fake_machine(
+        tmp_path,
+        "4:memory:/docker/x\n3:cpu,cpuacct:/docker/x",
+        {"memory/docker/x/memory.limit_in_bytes": "1500000000"},
+    )
+    limit = memory_limit(proc, cg)
+    assert (limit.bytes, limit.source) == (1_500_000_000, "cgroup v1 memory.limit_in_bytes")
+    # v1's "unlimited" is a huge number: then the machine's free memory (+ this process's RSS) decides.
+    (cg / "memory/docker/x/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    limit = memory_limit(proc, cg)
+    assert (limit.bytes, limit.source) == ((8_000_000 + 100_000) * 1024, "MemAvailable")
+
+
+def test_memavailable_is_used_when_it_is_tighter_than_the_cgroup(tmp_path):
+    proc, cg = fake_machine(tmp_path, "0::/a", {"a/memory.max": "64000000000"}, avail_kb=1_000_000)
+    assert memory_limit(proc, cg) == memory_limit(proc, tmp_path / "no-cgroup-here")
+    assert memory_limit(proc, cg).source == "MemAvailable"
+
+
+def test_unreadable_limit_is_none_and_auto_then_asks_for_a_size(tmp_path, monkeypatch):
+    proc, cg = fake_machine(tmp_path, "0::/", {}, avail_kb=None)
+    assert memory_limit(proc, cg) is None
+    assert memory_limit(tmp_path / "nothing", tmp_path / "nothing") is None
+    monkeypatch.setattr("gnnscale.utils.memlimit.memory_limit", lambda: None)
+    with pytest.raises(ConfigError) as e:
+        resolve_budget("auto", "train.memory_budget")
+    assert e.value.one_line() == (
+        "cannot read this machine's memory limit (no cgroup limit, no /proc/meminfo); "
+        "set train.memory_budget=SIZE, e.g. train.memory_budget=8GB"
+    )
+
+
+def test_budget_auto_and_sizes():
+    from gnnscale.utils.memlimit import MemoryLimit
+
+    b = resolve_budget("auto", "k", MemoryLimit(2_000_000_000, "cgroup v1 memory.limit_in_bytes"))
+    assert b.bytes == 1_800_000_000 and "cgroup v1" in b.why
+    assert parse_size("6GB", "k") == 6_000_000_000
+    assert parse_size("1.5g", "k") == 1_500_000_000
+    assert parse_size("800MiB", "k") == 800 * 2**20
+    assert resolve_budget("512MB", "train.memory_budget").why == "train.memory_budget=512MB"
+    for bad in ("lots", "0", "-1GB", "6 parsecs"):
+        with pytest.raises(ConfigError, match="is not a memory size"):
+            parse_size(bad, "train.memory_budget")
+
+
+# ---------------------------------------------------------------- the plan and its decisions
+SIZES = Sizes(
+    num_nodes=1_000_000, feat_dim=256, feat_itemsize=4, csc_bytes=80_000_000, dims=(256, 128, 8),
+    num_params=70_000, input_dropout=False,
+)  # fmt: skip
+TRAIN = BatchShape(input_rows=200_000, dst_rows=(20_000, 1024), edges=(200_000, 10_000))
+EVAL = BatchShape(input_rows=400_000, dst_rows=(60_000, 4096), edges=(600_000, 40_000))
+
+
+def between(lo: int, hi: int) -> Budget:
+    assert hi - lo > 100e6  # far from both: "process now" moves a little between readings
+    return Budget((lo + hi) // 2, "test")
+
+
+def test_features_stay_in_ram_only_when_they_fit():
+    big = Budget(10**12, "test")
+    in_ram = estimate(SIZES, TRAIN, EVAL, "memory", 0, big)
+    mapped = estimate(SIZES, TRAIN, EVAL, "mmap", 0, big)
+    assert in_ram.must_fit - mapped.must_fit == 1_000_000 * 256 * 4  # exactly the feature matrix
+    p, decided = plan(SIZES, TRAIN, EVAL, "auto", 0, big)
+    assert p.feature_cache == "memory" and decided == ["features in RAM: they fit the memory budget"]
+    p, decided = plan(SIZES, TRAIN, EVAL, "auto", 0, between(mapped.must_fit, in_ram.must_fit))
+    assert p.feature_cache == "mmap" and p.fits
+    assert decided == ["features memory-mapped: held in RAM they would not fit the memory budget"]
+
+
+def test_prefetch_shrinks_to_fit_and_a_plan_that_cannot_fit_says_what_would():
+    deep = estimate(SIZES, TRAIN, EVAL, "mmap", 2, Budget(10**12, "test"))
+    inline = estimate(SIZES, TRAIN, EVAL, "mmap", 0, Budget(10**12, "test"))
+    p, decided = plan(SIZES, TRAIN, EVAL, "mmap", 2, between(inline.must_fit, deep.must_fit))
+    assert p.prefetch < 2 and p.fits and decided[-1].startswith("prefetch 2 -> ")
+    tight = Budget(inline.must_fit - 150_000_000, "test")
+    p, _ = plan(SIZES, TRAIN, EVAL, "auto", 0, tight)
+    assert not p.fits
+    fix = fitting_settings(SIZES, TRAIN, EVAL, 1024, 4096, tight)
+    m = re.fullmatch(r"(?:train.batch_size=(\d+) )?train.eval_batch_size=(\d+) \(estimate .*\)", fix)
+    bs, ebs = int(m.group(1) or 1024), int(m.group(2))
+    assert ebs < 4096 and bs <= 1024  # evaluation batches (the largest) come down first
+    scaled = (TRAIN.scaled(bs / 1024, SIZES.num_nodes), EVAL.scaled(ebs / 4096, SIZES.num_nodes))
+    assert estimate(SIZES, *scaled, "mmap", 0, tight).fits  # fmt: skip
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.mark.parametrize("feat_dim", [64, 512])
+def test_estimate_is_within_30_percent_of_the_measured_peak(tmp_path, feat_dim):
+    graph = build_graph(tmp_path, "data.num_nodes=20000", "data.avg_degree=10", f"data.feat_dim={feat_dim}")
+    s = train.run(
+        compose(
+            "train", f"graph_dir={graph}", f"run_dir={tmp_path / 'run'}", "+exp=sage_2hop", "train.epochs=1"
+        )
+    )
+    estimate_mb, measured_mb = s["memory_plan"]["rss_estimate_mb"], s["peak_rss_mb"]
+    assert 0.7 <= estimate_mb / measured_mb <= 1.3, (estimate_mb, measured_mb, s["memory_plan"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_graph(tmp_path_factory.mktemp("tiny"), *TINY_SYNTHETIC)
+
+
+def test_a_budget_too_small_exits_2_before_any_batch(tmp_path, tiny):
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [*CLI, "train", f"graph_dir={tiny}", f"run_dir={run_dir}", "train.memory_budget=50MB"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: train needs about ")
+    assert "memory budget is 0.05 GB (train.memory_budget=50MB)" in lines[0]
+    assert not run_dir.exists()  # refused before the run began: no run_dir, no batch, no checkpoint
+
+
+def test_refusals_name_the_settings_that_would_fit():
+    from types import SimpleNamespace
+
+    big = Budget(10**12, "test")
+    in_ram = estimate(SIZES, TRAIN, EVAL, "memory", 0, big)
+    mapped = estimate(SIZES, TRAIN, EVAL, "mmap", 0, big)
+    t = SimpleNamespace(batch_size=1024, eval_batch_size=0)
+    # feature_cache=memory forced where mapped features would fit: point at auto.
+    p, _ = plan(SIZES, TRAIN, EVAL, "memory", 0, between(mapped.must_fit, in_ram.must_fit))
+    what, fix = refusal(SIZES, TRAIN, EVAL, p, t)
+    assert not p.fits and what.startswith("train needs about") and "features in RAM" in what
+    assert fix == f"use train.feature_cache=auto (memory-mapped features fit: {gb(mapped.must_fit)})"
+    # Nothing fits as configured: a batch size that does.
+    p, _ = plan(SIZES, TRAIN, EVAL, "auto", 0, Budget(mapped.must_fit - 150_000_000, "test"))
+    _, fix = refusal(SIZES, TRAIN, EVAL, p, t)
+    assert fix.startswith("it would fit with train.") and "train.memory_budget=SIZE" in fix
+
+
+def test_off_a_terminal_progress_is_one_plain_line_per_interval(tmp_path):
+    """stdout is a pipe here: shard, train and infer each print `what: done/total · rate · ETA` lines."""
+    r = subprocess.run(
+        [*CLI, "pipeline", f"graph_dir={tmp_path / 'g'}", f"run_dir={tmp_path / 'p'}", *TINY_SYNTHETIC,
+         "+exp=debug_tiny", "train.epochs=2", "ui.log_every_s=0", "infer.batch_size=128"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    clock = r"\d+:\d\d"
+    train_line = re.compile(
+        rf"^epoch 2/2: (\d+)/(\d+) · [\d,.]+/s · ETA {clock} · elapsed {clock} · loss [\d.]+ · [\d,]+ seeds/s$"
+    )
+    hits = [m for m in map(train_line.match, out) if m]
+    assert hits and all(int(m.group(1)) <= int(m.group(2)) for m in hits)
+    assert int(hits[-1].group(1)) == int(hits[-1].group(2))  # the last batch is reported too
+    assert any(re.match(rf"^nodes: [\d,]+/600 · [\d,.]+/s · ETA {clock}", line) for line in out)
+    assert any(re.match(rf"^layer 1/2: [\d,]+/600 · [\d,.]+/s · ETA {clock}", line) for line in out)
+    assert "━" not in r.stdout + r.stderr  # no rich bar drawn into a log
+
+
+# ---------------------------------------------------------------- a real memory limit
+def _cgroup_v1(limit: int) -> Path | None:
+    root = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (root / "cgroup.procs").is_file():
+        return None
+    cg = root / f"gnnscale-test-{uuid.uuid4().hex[:8]}"
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+    except OSError:
+        return None
+    return cg
+
+
+def test_under_a_real_1_2_gb_limit_train_completes_or_refuses_never_killed(tmp_path):
+    limit = 1_200_000_000
+    cg = _cgroup_v1(limit)
+    if cg is None:
+        pytest.skip(
+            "cannot create a cgroup v1 memory group here (needs root and a writable /sys/fs/cgroup/memory)"
+        )
+    try:
+        graph = build_graph(tmp_path, "data.num_nodes=200000", "data.avg_degree=10", "data.feat_dim=512")
+        r = subprocess.run(
+            [*CLI, "train", f"graph_dir={graph}", f"run_dir={tmp_path / 'run'}", "+exp=sage_2hop", "train.epochs=1"],
+            capture_output=True, text=True, timeout=900,
+            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())),
+        )  # fmt: skip
+        assert r.returncode in (0, 2), (r.returncode, r.stderr[-2000:])  # 137 / -9 would be the kernel's kill
+        if r.returncode == 2:
+            assert (
+                r.stderr.startswith("error: train needs about ") and len(r.stderr.strip().splitlines()) == 1
+            )
+        else:
+            s = json.loads((tmp_path / "run" / "summary.json").read_text())
+            assert "cgroup v1" in s["memory_plan"]["budget"] and s["memory_plan"]["budget_mb"] * 2**20 < limit
+            assert int((cg / "memory.max_usage_in_bytes").read_text()) <= limit
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
