@@ -230,7 +230,7 @@ class TrainOptions:
     num_workers: int = 0  # DGL DataLoader sampling processes (0 = sample in this process)
     # Batches whose features are gathered ahead in a background thread; 0 = inline. -1 = auto: 2 on a GPU
     # (the CPU is otherwise idle while it computes), 0 on CPU (a gather thread would steal the cores the
-    # model's own threads use: 1.25x slower epochs on the 2-core benchmark machine).
+    # model's own threads use: 1.21x slower epochs on the 2-core benchmark machine, bench/results/train.json).
     prefetch: int = -1
     num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use
     eval_every: int = 1  # validate every this many epochs
