@@ -5,8 +5,9 @@ measured, not guessed) and adds what training will allocate, from the sizes of a
 batches: the feature matrix when it is held in RAM, the gather buffers (one per prefetched batch),
 one training step's blocks, activations and gradients (or one evaluation batch's, whichever is
 larger), and the optimizer's state. Memory-mapped files (the CSC, features read from the shards)
-show up in RSS too, but the kernel can reclaim them: they are counted in `rss`, and only the CSC,
-which sampling reads all over, in what must fit.
+show up in RSS too, but the kernel can reclaim them: they are counted in `rss`; what must fit counts
+the CSC, which sampling reads all over, and, for memory-mapped features, the pages one training batch
+reads (below that the kernel evicts pages the next batch needs, and every batch goes back to disk).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ class MemoryPlan:
 
     def line(self) -> str:
         return (
-            f"memory: estimate {gb(self.must_fit)} (peak RSS ~{gb(self.rss)}) of a {gb(self.budget.bytes)} budget "
-            f"({self.budget.why}) · features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} "
-            f"· prefetch {self.prefetch} · graph structure memory-mapped"
+            f"memory: estimate {gb(self.must_fit)} of a {gb(self.budget.bytes)} budget ({self.budget.why}) "
+            f"· features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} · prefetch {self.prefetch} "
+            f"· graph structure memory-mapped · peak RSS ~{gb(self.rss)} counting mapped files (reclaimable)"
         )
 
     def as_dict(self) -> dict:
@@ -136,11 +137,22 @@ def estimate(
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
         "graph structure (mmap)": s.csc_bytes,
     }
-    anon = sum(v for k, v in parts.items() if k != "graph structure (mmap)")
+    mapped = {"graph structure (mmap)", "feature pages one batch reads (mmap)"}
     mapped_features = s.num_nodes * s.feat_dim * s.feat_itemsize if feature_cache == "mmap" else 0
+    # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
+    parts["feature pages one batch reads (mmap)"] = int(
+        mapped_features * _pages_touched(s, train_shape.input_rows)
+    )
+    anon = sum(v for k, v in parts.items() if k not in mapped)
     # RSS also counts the mapped pages already touched, the CSC, and feature pages read through the mmap.
     rss = anon + int(max(rss_now - anon_now, 0)) + s.csc_bytes + mapped_features
-    return MemoryPlan(feature_cache, prefetch, parts, anon + s.csc_bytes, rss, budget)
+    return MemoryPlan(feature_cache, prefetch, parts, anon + sum(parts[k] for k in mapped), rss, budget)
+
+
+def _pages_touched(s: Sizes, rows: int) -> float:
+    """The fraction of the feature file's 4 KiB pages that `rows` random rows land on."""
+    per_page = max(1, 4096 // max(s.feat_dim * s.feat_itemsize, 1))
+    return 1.0 - (1.0 - min(rows / max(s.num_nodes, 1), 1.0)) ** per_page
 
 
 def plan(
