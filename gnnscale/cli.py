@@ -94,6 +94,11 @@ def train_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
       gnnscale train +exp=sage_2hop train.metric=roc_auc graph_dir=graphs/tolokers
 
       gnnscale train resume=runs/train/20260101-120000   [dim]# continue a killed run from last.pt[/dim]
+
+      gnnscale train train.memory_budget=6GB              [dim]# plan within 6 GB (default: 90% of the cgroup / free memory)[/dim]
+
+    Before the first batch it estimates its memory, keeps features in RAM only if they fit, and exits 2
+    with settings that would fit when nothing does. Off a terminal, progress is a line every ui.log_every_s.
     """
     _run("train", ctx.args, cfg)
 
