@@ -59,7 +59,7 @@ def shard_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
 
       gnnscale shard data.num_nodes=1000000 data.avg_degree=30 graph_dir=graphs/syn1m
 
-      gnnscale shard data=planetoid data.path=../shared/data/planetoid_cora graph_dir=graphs/cora
+      gnnscale shard data=planetoid data.path=downloads/cora graph_dir=graphs/cora
 
       gnnscale shard data=npz data.path=tolokers.npz data.split_index=0 overwrite=true
 
@@ -155,7 +155,7 @@ def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
 
       gnnscale pipeline train.epochs=5 model.hidden=64 +exp=sage_2hop infer.batch_size=4096
 
-      gnnscale pipeline data=planetoid data.path=../shared/data/planetoid_cora graph_dir=graphs/cora
+      gnnscale pipeline data=planetoid data.path=downloads/cora graph_dir=graphs/cora
 
       gnnscale pipeline stages=\\[shard,build_csr]       [dim]# only build the graph[/dim]
 
