@@ -15,7 +15,15 @@ import pytest
 
 from gnnscale.errors import ConfigError
 from gnnscale.stages import train
-from gnnscale.training.memory_plan import BatchShape, Sizes, estimate, fitting_settings, plan, refusal
+from gnnscale.training.memory_plan import (
+    BatchShape,
+    Sizes,
+    Workload,
+    estimate,
+    fitting_settings,
+    plan,
+    refusal,
+)
 from gnnscale.utils.memlimit import Budget, gb, memory_limit, parse_size, resolve_budget
 from tests.conftest import TINY_SYNTHETIC, build_graph, compose
 
@@ -105,42 +113,42 @@ SIZES = Sizes(
 )  # fmt: skip
 TRAIN = BatchShape(input_rows=200_000, dst_rows=(20_000, 1024), edges=(200_000, 10_000))
 EVAL = BatchShape(input_rows=400_000, dst_rows=(60_000, 4096), edges=(600_000, 40_000))
+W = Workload.now(SIZES, TRAIN, EVAL)
 
 
 def between(lo: int, hi: int) -> Budget:
-    assert hi - lo > 100e6  # far from both: "process now" moves a little between readings
+    assert hi - lo > 100e6  # far from both ends
     return Budget((lo + hi) // 2, "test")
 
 
 def test_features_stay_in_ram_only_when_they_fit():
     big = Budget(10**12, "test")
-    in_ram = estimate(SIZES, TRAIN, EVAL, "memory", 0, big)
-    mapped = estimate(SIZES, TRAIN, EVAL, "mmap", 0, big)
+    in_ram = estimate(W, "memory", 0, big)
+    mapped = estimate(W, "mmap", 0, big)
     # The whole matrix in RAM against the pages of it one training batch reads through the mmap.
     hot = mapped.parts["feature pages one batch reads (mmap)"]
     assert hot == int(1_000_000 * 256 * 4 * (1 - (1 - 200_000 / 1_000_000) ** 4))
     assert in_ram.must_fit - mapped.must_fit == 1_000_000 * 256 * 4 - hot
-    p, decided = plan(SIZES, TRAIN, EVAL, "auto", 0, big)
+    p, decided = plan(W, "auto", 0, big)
     assert p.feature_cache == "memory" and decided == ["features in RAM: they fit the memory budget"]
-    p, decided = plan(SIZES, TRAIN, EVAL, "auto", 0, between(mapped.must_fit, in_ram.must_fit))
+    p, decided = plan(W, "auto", 0, between(mapped.must_fit, in_ram.must_fit))
     assert p.feature_cache == "mmap" and p.fits
     assert decided == ["features memory-mapped: held in RAM they would not fit the memory budget"]
 
 
 def test_prefetch_shrinks_to_fit_and_a_plan_that_cannot_fit_says_what_would():
-    deep = estimate(SIZES, TRAIN, EVAL, "mmap", 2, Budget(10**12, "test"))
-    inline = estimate(SIZES, TRAIN, EVAL, "mmap", 0, Budget(10**12, "test"))
-    p, decided = plan(SIZES, TRAIN, EVAL, "mmap", 2, between(inline.must_fit, deep.must_fit))
+    deep = estimate(W, "mmap", 2, Budget(10**12, "test"))
+    inline = estimate(W, "mmap", 0, Budget(10**12, "test"))
+    p, decided = plan(W, "mmap", 2, between(inline.must_fit, deep.must_fit))
     assert p.prefetch < 2 and p.fits and decided[-1].startswith("prefetch 2 -> ")
     tight = Budget(inline.must_fit - 150_000_000, "test")
-    p, _ = plan(SIZES, TRAIN, EVAL, "auto", 0, tight)
+    p, _ = plan(W, "auto", 0, tight)
     assert not p.fits
-    fix = fitting_settings(SIZES, TRAIN, EVAL, 1024, 4096, tight)
+    fix = fitting_settings(W, 1024, 4096, tight)
     m = re.fullmatch(r"(?:train.batch_size=(\d+) )?train.eval_batch_size=(\d+) \(estimate .*\)", fix)
     bs, ebs = int(m.group(1) or 1024), int(m.group(2))
     assert ebs < 4096 and bs <= 1024  # evaluation batches (the largest) come down first
-    scaled = (TRAIN.scaled(bs / 1024, SIZES.num_nodes), EVAL.scaled(ebs / 4096, SIZES.num_nodes))
-    assert estimate(SIZES, *scaled, "mmap", 0, tight).fits  # fmt: skip
+    assert estimate(W.scaled(bs / 1024, ebs / 4096), "mmap", 0, tight).fits
 
 
 # ---------------------------------------------------------------- end to end
@@ -175,20 +183,17 @@ def test_a_budget_too_small_exits_2_before_any_batch(tmp_path, tiny):
 
 
 def test_refusals_name_the_settings_that_would_fit():
-    from types import SimpleNamespace
-
     big = Budget(10**12, "test")
-    in_ram = estimate(SIZES, TRAIN, EVAL, "memory", 0, big)
-    mapped = estimate(SIZES, TRAIN, EVAL, "mmap", 0, big)
-    t = SimpleNamespace(batch_size=1024, eval_batch_size=0)
+    in_ram = estimate(W, "memory", 0, big)
+    mapped = estimate(W, "mmap", 0, big)
     # feature_cache=memory forced where mapped features would fit: point at auto.
-    p, _ = plan(SIZES, TRAIN, EVAL, "memory", 0, between(mapped.must_fit, in_ram.must_fit))
-    what, fix = refusal(SIZES, TRAIN, EVAL, p, t)
+    p, _ = plan(W, "memory", 0, between(mapped.must_fit, in_ram.must_fit))
+    what, fix = refusal(W, p, 1024, 4096)
     assert not p.fits and what.startswith("train needs about") and "features in RAM" in what
     assert fix == f"use train.feature_cache=auto (memory-mapped features fit: {gb(mapped.must_fit)})"
     # Nothing fits as configured: a batch size that does.
-    p, _ = plan(SIZES, TRAIN, EVAL, "auto", 0, Budget(mapped.must_fit - 150_000_000, "test"))
-    _, fix = refusal(SIZES, TRAIN, EVAL, p, t)
+    p, _ = plan(W, "auto", 0, Budget(mapped.must_fit - 150_000_000, "test"))
+    _, fix = refusal(W, p, 1024, 4096)
     assert fix.startswith("it would fit with train.") and "train.memory_budget=SIZE" in fix
 
 

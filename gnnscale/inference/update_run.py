@@ -24,6 +24,7 @@ from gnnscale.storage.run_dir import (
     RUNS_ROOT,
     cached_layerwise,
     find_checkpoint,
+    keeps_layers,
     newest_run,
     read_json,
     read_summary,
@@ -47,7 +48,7 @@ def load_base(spec) -> tuple[Path, dict]:
             f"infer.base='{base}' is not a finished infer run (no {EMB_INFO})",
             "pass infer.base= a run_dir of `gnnscale infer --layerwise`",
         )
-    if not cached_layerwise(base):
+    if not keeps_layers(meta):
         raise ConfigError(
             f"infer run '{base}' kept no layer cache (a sampled run or infer.cache_layers=false)",
             "re-run `gnnscale infer --layerwise` with infer.cache_layers=true",

@@ -46,10 +46,6 @@ class FeatureStore:
             bool(torch.isfinite(self._full[lo : lo + chunk]).all()) for lo in range(0, self.num_nodes, chunk)
         )
 
-    @property
-    def nbytes(self) -> int:
-        return self.num_nodes * self.feat_dim * self.dtype.itemsize
-
     def __len__(self) -> int:
         return self.num_nodes
 

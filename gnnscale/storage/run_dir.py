@@ -74,10 +74,13 @@ def infer_finished(run_dir: Path) -> bool:
     return all((run_dir / f).is_file() for f in (SUMMARY, EMB_INFO, EMBEDDINGS, PREDICTIONS))
 
 
+def keeps_layers(emb_info: dict) -> bool:
+    """emb_info.json of a layer-wise infer run that kept its layers (what --update starts from)."""
+    return emb_info.get("mode") == "layerwise" and bool(emb_info.get("cache"))
+
+
 def cached_layerwise(run_dir: Path) -> bool:
-    """A finished layer-wise infer run that kept its layers (what --update starts from)."""
-    info = read_json(run_dir / EMB_INFO) or {}
-    return info.get("mode") == "layerwise" and bool(info.get("cache"))
+    return keeps_layers(read_json(run_dir / EMB_INFO) or {})
 
 
 def newest_run(stage: str, usable: Callable[[Path], bool], root: Path | None = None) -> Path | None:

@@ -66,10 +66,6 @@ class FeatureBuffers:
             self._slots[k] = buf
         return buf[:rows]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self._slots if b is not None)
-
 
 class BatchStream:
     def __init__(

@@ -15,7 +15,7 @@ from gnnscale.sampling import build_loader, build_sampler
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.data import TrainData
-from gnnscale.training.memory_plan import MemoryPlan, Sizes, plan, probe_batches, refusal
+from gnnscale.training.memory_plan import MemoryPlan, Sizes, Workload, plan, probe_batches, refusal
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
@@ -77,10 +77,10 @@ def preflight(
         num_params=sum(p.numel() for p in model.parameters()),
         input_dropout=float(t.input_dropout) > 0,
     )
-    prefetch = resolve_prefetch(int(t.prefetch), device)
-    p, decisions = plan(sizes, train_shape, eval_shape, t.feature_cache, prefetch, budget)
+    w = Workload.now(sizes, train_shape, eval_shape)
+    p, decisions = plan(w, t.feature_cache, resolve_prefetch(int(t.prefetch), device), budget)
     if not p.fits:
-        raise MemoryBudgetError(*refusal(sizes, train_shape, eval_shape, p, t))
+        raise MemoryBudgetError(*refusal(w, p, int(t.batch_size), _eval_batch_size(t)))
     return p, decisions
 
 

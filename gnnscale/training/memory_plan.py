@@ -12,7 +12,7 @@ reads (below that the kernel evicts pages the next batch needs, and every batch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -69,6 +69,33 @@ class Sizes:
     num_params: int
     input_dropout: bool
 
+    @property
+    def feature_bytes(self) -> int:
+        return self.num_nodes * self.feat_dim * self.feat_itemsize
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a plan is made from: the sizes, the largest sampled training and evaluation batches, and what
+    the process holds now (read once: every candidate plan starts from the same reading)."""
+
+    sizes: Sizes
+    train: BatchShape
+    evals: BatchShape
+    anon_now: int  # bytes of anonymous memory
+    mapped_now: int  # bytes of RSS beyond that: mapped pages already touched
+
+    @classmethod
+    def now(cls, sizes: Sizes, train: BatchShape, evals: BatchShape) -> "Workload":
+        anon, rss = (rss_anon_mb() or 0.0) * 2**20, (rss_mb() or 0.0) * 2**20
+        return cls(sizes, train, evals, int(anon), int(max(rss - anon, 0)))
+
+    def scaled(self, train_factor: float, eval_factor: float) -> "Workload":
+        """Batches this many times as large (the sampled sizes when a factor is 1)."""
+        n = self.sizes.num_nodes
+        train = self.train.scaled(train_factor, n) if train_factor < 1 else self.train
+        return replace(self, train=train, evals=self.evals.scaled(eval_factor, n))
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -116,36 +143,27 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
     return blocks + 2 * acts + extra  # backward holds a gradient beside each saved activation
 
 
-def estimate(
-    s: Sizes,
-    train_shape: BatchShape,
-    eval_shape: BatchShape,
-    feature_cache: str,
-    prefetch: int,
-    budget: Budget,
-) -> MemoryPlan:
-    anon_now, rss_now = (rss_anon_mb() or 0.0) * 2**20, (rss_mb() or 0.0) * 2**20
-    rows = max(train_shape.input_rows, eval_shape.input_rows)
+def estimate(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> MemoryPlan:
+    s = w.sizes
+    rows = max(w.train.input_rows, w.evals.input_rows)
     slots = prefetch + 2 if prefetch > 0 else 1
     cast = s.feat_itemsize != BYTES  # fp16/bf16 features are cast to float32 after the gather
+    mapped_features = s.feature_bytes if feature_cache == "mmap" else 0
     parts = {
-        "process now": int(anon_now),
-        "features in RAM": s.num_nodes * s.feat_dim * s.feat_itemsize if feature_cache == "memory" else 0,
+        "process now": w.anon_now,
+        "features in RAM": s.feature_bytes if feature_cache == "memory" else 0,
         "gather buffers": int(slots * rows * 1.25 * s.feat_dim * s.feat_itemsize)
         + (rows * s.feat_dim * BYTES if cast else 0),
-        "batch working set": max(_step_bytes(s, train_shape, True), _step_bytes(s, eval_shape, False)),
+        "batch working set": max(_step_bytes(s, w.train, True), _step_bytes(s, w.evals, False)),
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
         "graph structure (mmap)": s.csc_bytes,
+        # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
+        "feature pages one batch reads (mmap)": int(mapped_features * _pages_touched(s, w.train.input_rows)),
     }
-    mapped = {"graph structure (mmap)", "feature pages one batch reads (mmap)"}
-    mapped_features = s.num_nodes * s.feat_dim * s.feat_itemsize if feature_cache == "mmap" else 0
-    # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
-    parts["feature pages one batch reads (mmap)"] = int(
-        mapped_features * _pages_touched(s, train_shape.input_rows)
-    )
+    mapped = ("graph structure (mmap)", "feature pages one batch reads (mmap)")
     anon = sum(v for k, v in parts.items() if k not in mapped)
     # RSS also counts the mapped pages already touched, the CSC, and feature pages read through the mmap.
-    rss = anon + int(max(rss_now - anon_now, 0)) + s.csc_bytes + mapped_features
+    rss = anon + w.mapped_now + s.csc_bytes + mapped_features
     return MemoryPlan(feature_cache, prefetch, parts, anon + sum(parts[k] for k in mapped), rss, budget)
 
 
@@ -155,21 +173,14 @@ def _pages_touched(s: Sizes, rows: int) -> float:
     return 1.0 - (1.0 - min(rows / max(s.num_nodes, 1), 1.0)) ** per_page
 
 
-def plan(
-    s: Sizes,
-    train_shape: BatchShape,
-    eval_shape: BatchShape,
-    feature_cache: str,
-    prefetch: int,
-    budget: Budget,
-) -> tuple[MemoryPlan, list[str]]:
+def plan(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> tuple[MemoryPlan, list[str]]:
     """The plan to run with and what was decided to get there (one line each): features in RAM only
     when that fits (feature_cache=auto), prefetch shrunk to fit. The plan may still not fit."""
     decisions = []
     caches = ["memory", "mmap"] if feature_cache == "auto" else [feature_cache]
     for cache in caches:
         for depth in range(prefetch, -1, -1):
-            p = estimate(s, train_shape, eval_shape, cache, depth, budget)
+            p = estimate(w, cache, depth, budget)
             if p.fits:
                 if feature_cache == "auto":
                     decisions.append(
@@ -180,21 +191,20 @@ def plan(
                 if depth < prefetch:
                     decisions.append(f"prefetch {prefetch} -> {depth}: a deeper prefetch would not fit")
                 return p, decisions
-    return estimate(s, train_shape, eval_shape, caches[-1], 0, budget), decisions
+    return estimate(w, caches[-1], 0, budget), decisions
 
 
-def refusal(s: Sizes, train_shape: BatchShape, eval_shape: BatchShape, p: MemoryPlan, t) -> tuple[str, str]:
-    """(what is wrong, how to fix it) for a plan that does not fit its budget; t: the train options."""
+def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for a plan that does not fit its budget."""
     budget = p.budget
-    lean = estimate(s, train_shape, eval_shape, "mmap", 0, budget)
+    lean = estimate(w, "mmap", 0, budget)
     what = (
         f"train needs about {gb(p.must_fit)} (features {'in RAM' if p.feature_cache == 'memory' else 'memory-mapped'}, "
         f"prefetch {p.prefetch}) but its memory budget is {gb(budget.bytes)} ({budget.why})"
     )
     if lean.fits:
         return what, f"use train.feature_cache=auto (memory-mapped features fit: {gb(lean.must_fit)})"
-    eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
-    fix = fitting_settings(s, train_shape, eval_shape, int(t.batch_size), eval_bs, budget)
+    fix = fitting_settings(w, batch_size, eval_batch_size, budget)
     return what, (
         f"it would fit with {fix}"
         if fix
@@ -202,20 +212,13 @@ def refusal(s: Sizes, train_shape: BatchShape, eval_shape: BatchShape, p: Memory
     ) + "; or raise the limit, or set train.memory_budget=SIZE if the limit read is wrong"
 
 
-def fitting_settings(
-    s: Sizes, train_shape: BatchShape, eval_shape: BatchShape, batch_size: int, eval_batch_size: int,
-    budget: Budget,
-) -> str | None:  # fmt: skip
+def fitting_settings(w: Workload, batch_size: int, eval_batch_size: int, budget: Budget) -> str | None:
     """Override suggestions that would fit (the leanest plan: features mmap'd, no prefetch), or None."""
-    lean = dict(feature_cache="mmap", prefetch=0, budget=budget)
     train_bs = batch_size
     while train_bs >= 16:
-        f = train_bs / batch_size
         # Evaluation batches first come down to the training size: they are the largest.
         eval_bs = min(eval_batch_size, train_bs)
-        t = train_shape.scaled(f, s.num_nodes) if f < 1 else train_shape
-        e = eval_shape.scaled(eval_bs / eval_batch_size, s.num_nodes)
-        p = estimate(s, t, e, **lean)
+        p = estimate(w.scaled(train_bs / batch_size, eval_bs / eval_batch_size), "mmap", 0, budget)
         if p.fits:
             keys = [f"train.batch_size={train_bs}"] if train_bs != batch_size else []
             return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])

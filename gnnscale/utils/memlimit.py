@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gnnscale.errors import ConfigError
+from gnnscale.utils.memory import status_kb
 
 _UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge page-aligned number
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12}
@@ -95,16 +96,6 @@ def _meminfo_kb(proc: Path, field: str) -> int | None:
     return None
 
 
-def _own_rss_kb(proc: Path) -> int:
-    try:
-        for line in (proc / "self" / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def memory_limit(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> MemoryLimit | None:
     """The memory this process may grow to: the tighter of its cgroup's limit and what the machine has
     free (MemAvailable + its own RSS). None when neither can be read."""
@@ -114,7 +105,8 @@ def memory_limit(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup
         candidates.append(limit)
     avail = _meminfo_kb(proc, "MemAvailable")
     if avail is not None:
-        candidates.append(MemoryLimit((avail + _own_rss_kb(proc)) * 1024, "MemAvailable"))
+        own = status_kb("VmRSS", str(proc / "self" / "status")) or 0
+        candidates.append(MemoryLimit((avail + own) * 1024, "MemAvailable"))
     return min(candidates, key=lambda m: m.bytes) if candidates else None
 
 

@@ -11,9 +11,10 @@ import threading
 import time
 
 
-def _status_kb(field: str) -> int | None:
+def status_kb(field: str, path: str = "/proc/self/status") -> int | None:
+    """A kB field of a /proc status file (this process's by default); None when it cannot be read."""
     try:
-        with open("/proc/self/status") as fh:
+        with open(path) as fh:
             for line in fh:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
@@ -23,12 +24,12 @@ def _status_kb(field: str) -> int | None:
 
 
 def rss_anon_mb() -> float | None:
-    kb = _status_kb("RssAnon")
+    kb = status_kb("RssAnon")
     return None if kb is None else kb / 1024.0
 
 
 def rss_mb() -> float | None:
-    kb = _status_kb("VmRSS")
+    kb = status_kb("VmRSS")
     return None if kb is None else kb / 1024.0
 
 
