@@ -105,13 +105,95 @@ MODEL_SCHEMAS = {"sage": ModelConfig, "gcn": ModelConfig, "mlp": ModelConfig}
 # ---------------------------------------------------------------- samplers (group `sampler`)
 @dataclass
 class SamplerConfig:
-    kind: str = "neighbor"  # neighbor (more formations come with their own options)
+    """Fields every formation has; each kind's schema below adds its own."""
+
+    kind: str = (
+        "neighbor"  # neighbor | labor | importance | weighted | random_walk | cluster_gcn | saint | full
+    )
+    # Seed batches (formations that batch training seeds): random, or stratified = every batch holds the
+    # training labels' class proportions (a remedy for batches dominated by one class).
+    seed_order: str = "random"
+
+
+@dataclass
+class NeighborSamplerConfig(SamplerConfig):
     # Neighbours sampled per layer, input layer first (DGL's order); -1 = all neighbours.
     fanouts: List[int] = field(default_factory=lambda: [25, 10])
     replace: bool = False  # sample with replacement
 
 
-SAMPLER_SCHEMAS = {"neighbor": SamplerConfig}
+@dataclass
+class LaborSamplerConfig(SamplerConfig):
+    kind: str = "labor"
+    fanouts: List[int] = field(default_factory=lambda: [25, 10])
+    importance_sampling: int = (
+        0  # LABOR-i: iterations of importance sampling (0 = LABOR-0, -1 = to convergence)
+    )
+    layer_dependency: bool = False  # the same random variates in every layer (fewer distinct nodes)
+
+
+@dataclass
+class ImportanceSamplerConfig(SamplerConfig):
+    kind: str = "importance"
+    fanouts: List[int] = field(default_factory=lambda: [25, 10])
+    score: str = "degree"  # degree | pagerank: a neighbour is drawn with probability ~ its score
+    pagerank_damping: float = 0.85
+    pagerank_iters: int = 50
+    replace: bool = False
+
+
+@dataclass
+class WeightedSamplerConfig(SamplerConfig):
+    kind: str = "weighted"
+    fanouts: List[int] = field(default_factory=lambda: [25, 10])
+    edge_weight: str = "weight"  # the edge-data column whose values are the sampling weights
+    replace: bool = False
+
+
+@dataclass
+class RandomWalkSamplerConfig(SamplerConfig):
+    kind: str = "random_walk"
+    # Per layer, input layer first: the k most visited nodes of the walks become a node's neighbours.
+    fanouts: List[int] = field(default_factory=lambda: [10, 10])
+    num_walks: int = 20  # walks started from each node
+    walk_length: int = 3  # hops per walk (PinSAGE: num_traversals)
+    restart_prob: float = 0.5  # probability a walk stops after each hop
+
+
+@dataclass
+class ClusterGcnSamplerConfig(SamplerConfig):
+    kind: str = "cluster_gcn"
+    num_parts: int = 0  # METIS clusters; 0 = about one per 1,000 nodes (gnnscale partition makes them)
+    method: str = "metis"  # metis | random: the partition the clusters come from
+    clusters_per_batch: int = 20  # random clusters joined per batch, with the edges between them
+
+
+@dataclass
+class SaintSamplerConfig(SamplerConfig):
+    kind: str = "saint"
+    mode: str = "node"  # node | edge | walk
+    budget: int = 6000  # node mode: nodes per subgraph; edge mode: edges; walk mode: walk roots
+    walk_length: int = 2  # walk mode: hops per walk
+    num_presample: int = 50  # subgraphs pre-sampled to estimate the normalisation
+    normalize: bool = True  # loss and aggregator normalisation (GraphSAINT's unbiased estimator)
+    batches_per_epoch: int = 0  # 0 = as many as cover the training nodes about once
+
+
+@dataclass
+class FullSamplerConfig(SamplerConfig):
+    kind: str = "full"
+
+
+SAMPLER_SCHEMAS = {
+    "neighbor": NeighborSamplerConfig,
+    "labor": LaborSamplerConfig,
+    "importance": ImportanceSamplerConfig,
+    "weighted": WeightedSamplerConfig,
+    "random_walk": RandomWalkSamplerConfig,
+    "cluster_gcn": ClusterGcnSamplerConfig,
+    "saint": SaintSamplerConfig,
+    "full": FullSamplerConfig,
+}
 
 
 # ---------------------------------------------------------------- precision (group `precision`)
@@ -211,6 +293,15 @@ class FewLabelsOptions:
 
 
 @dataclass
+class PhaseOptions:
+    """One phase of a multi-phase schedule (train.phases): its epochs, and what it changes."""
+
+    epochs: int = MISSING
+    batch_size: Optional[int] = None  # default train.batch_size
+    fanouts: Optional[List[int]] = None  # default sampler.fanouts
+
+
+@dataclass
 class TrainOptions:
     batch_size: int = 1024  # seed (output) nodes per mini-batch
     epochs: int = 20
@@ -246,6 +337,12 @@ class TrainOptions:
     memory_budget: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     few_labels: FewLabelsOptions = field(default_factory=FewLabelsOptions)
+    # Phases run in order, each with its own batch size and fanouts (e.g. coarse: big batches, small
+    # fanouts; then fine). Empty = one phase of train.epochs; else the phases' epochs add up to the run.
+    phases: List[PhaseOptions] = field(default_factory=list)
+    # Training-health signals in metrics.jsonl (batch label imbalance, loss / gradient-norm spread,
+    # batch overlap, over-smoothing), each with a warning when it trips.
+    diagnostics: bool = True
 
 
 @dataclass
@@ -258,11 +355,26 @@ class TrainStageConfig(StageBase):
 
 
 @dataclass
+class PartitionOptions:
+    method: str = "metis"  # metis (fewest cut edges) | random (no memory beyond the assignment)
+    num_parts: int = 0  # 0 = about one part per 1,000 nodes (Cluster-GCN's clusters)
+    balance_train: bool = True  # METIS balances training nodes per part too (as DistDGL does)
+    # auto = 90% of the memory limit (cgroup or MemAvailable), or a size (6GB): METIS must fit in it
+    memory_budget: str = "auto"
+
+
+@dataclass
+class PartitionStageConfig(StageBase):
+    partition: PartitionOptions = field(default_factory=PartitionOptions)
+
+
+@dataclass
 class PipelineStageConfig(TrainStageConfig):
     """The train keys plus every other stage's options; the pipeline hands each stage only its own."""
 
     shard: ShardOptions = field(default_factory=ShardOptions)
     csc: CscOptions = field(default_factory=CscOptions)
+    partition: PartitionOptions = field(default_factory=PartitionOptions)
     infer: InferOptions = field(default_factory=InferOptions)
     stages: List[str] = field(default_factory=lambda: ["shard", "build_csr", "train", "infer"])
 
@@ -279,6 +391,7 @@ DATA_SCHEMAS = {
 STAGE_SCHEMAS = {
     "shard": ShardStageConfig,
     "build_csr": BuildCscStageConfig,
+    "partition": PartitionStageConfig,
     "pipeline": PipelineStageConfig,
     "train": TrainStageConfig,
     "infer": InferStageConfig,

@@ -18,6 +18,9 @@ from gnnscale.errors import ConfigError
 ARCHS = ("sage", "gcn", "mlp")
 AGGREGATORS = ("mean", "pool", "lstm", "gcn")
 NORMS = ("none", "batch", "layer")
+# A block's or subgraph's edge data under this key weighs each message (GraphSAINT's aggregator
+# normalisation); absent, every edge counts the same.
+EDGE_WEIGHT = "edge_weight"
 
 
 class GNN(nn.Module):
@@ -56,6 +59,8 @@ class GNN(nn.Module):
         if self.arch == "mlp":
             # A features-only baseline: the block only says which rows are destinations.
             h = self.layers[i](h[: block.num_dst_nodes()])
+        elif EDGE_WEIGHT in block.edata:
+            h = self.layers[i](block, h, edge_weight=block.edata[EDGE_WEIGHT])
         else:
             h = self.layers[i](block, h)
         return self.after_conv(i, h)

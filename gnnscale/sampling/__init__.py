@@ -1,15 +1,25 @@
 """Samplers (`sampler=`) and loaders: plain factories over DGL's samplers and DataLoader.
 
 `build_sampler(cfg, num_layers)` maps a sampler config to a sampler; `build_loader` turns it into an
-iterable of `Batch` (sampling/batch.py) over a seed set, seeded and shuffling. A block sampler (a
-`dgl.dataloading.BlockSampler`, like `neighbor`: DGL's draws relabelled by gnnscale, see
-sampling/neighbor.py) runs inside DGL's DataLoader; a sampler that makes its own batches (a subgraph
-formation) has a `loader(g, seeds, batch_size, shuffle, num_workers, drop_last)` method instead.
-Adding one: a file in sampling/ and one entry in SAMPLERS with the same factory signature.
+iterable of `Batch` (sampling/batch.py) over a seed set, seeded and shuffling. Two kinds of sampler:
+
+- a block sampler (a `dgl.dataloading.BlockSampler`: neighbor, labor, importance, weighted,
+  random_walk) draws a neighbourhood per seed batch and runs inside DGL's DataLoader, its blocks
+  relabelled by gnnscale (sampling/blocks.py) so seeded runs repeat;
+- a formation that makes its own batches (cluster_gcn, saint, full: one subgraph every layer runs on)
+  has a `loader(g, seeds, batch_size, shuffle, num_workers, drop_last)` method instead.
+
+A sampler that needs the graph before its first batch (partitions, node scores, pre-sampled
+normalisation) has `prepare(ctx: SamplingContext)`, called once by the trainer's factories.
+Evaluation (validation, test) of a subgraph formation uses neighbour sampling over all neighbours
+(or train.eval_fanouts): exact, and the same for every formation. Adding a sampler: a file in
+sampling/, one entry in SAMPLERS, a schema in config/schema.py and a configs/sampler/<kind>.yaml.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -40,8 +50,49 @@ def _neighbor(cfg, num_layers: int, fanouts: Sequence[int] | None):
     return NeighborBlockSampler(fanouts, replace=bool(cfg.get("replace", False)))
 
 
+def _lazy(module: str, factory: str = "build") -> Callable:
+    """A SAMPLERS entry whose module is imported only when that kind is chosen."""
+
+    def make(cfg, num_layers: int, fanouts: Sequence[int] | None):
+        import importlib
+
+        return getattr(importlib.import_module(f"gnnscale.sampling.{module}"), factory)(
+            cfg, num_layers, fanouts
+        )
+
+    return make
+
+
 # kind -> factory(cfg, num_layers, fanouts_override) -> a block sampler, or an object with .loader(...)
-SAMPLERS: dict[str, Callable] = {"neighbor": _neighbor}
+SAMPLERS: dict[str, Callable] = {
+    "neighbor": _neighbor,
+    "labor": _lazy("labor"),
+    "importance": _lazy("importance"),
+    "weighted": _lazy("weighted"),
+    "random_walk": _lazy("random_walk"),
+    "cluster_gcn": _lazy("cluster_gcn"),
+    "saint": _lazy("saint"),
+    "full": _lazy("full"),
+}
+SEED_ORDERS = ("random", "stratified")
+
+
+@dataclass
+class SamplingContext:
+    """What a sampler's `prepare` may read: the graph_dir (partitions, cached node scores), the DGL graph,
+    the training seeds and their labels, and a folder of the run to cache its own results in."""
+
+    graph: object  # storage.graph_dir.GraphDir
+    g: object  # DGLGraph over the mmap'd CSC
+    train_ids: torch.Tensor
+    labels: torch.Tensor
+    cache_dir: Path | None = None
+    seed: int = 0
+
+
+def has_fanouts(cfg) -> bool:
+    """Does this formation sample per-layer neighbourhoods (sampler.fanouts)?"""
+    return cfg.get("fanouts") is not None
 
 
 def check_sampler_cfg(cfg, num_layers: int) -> None:
@@ -49,13 +100,28 @@ def check_sampler_cfg(cfg, num_layers: int) -> None:
         raise ConfigError(
             f"sampler.kind={cfg.kind!r} is not available", f"choose one of {', '.join(SAMPLERS)}"
         )
-    check_fanouts(cfg.fanouts, num_layers)
+    if cfg.get("seed_order", "random") not in SEED_ORDERS:
+        raise ConfigError(
+            f"sampler.seed_order={cfg.seed_order!r} is not known", f"choose one of {', '.join(SEED_ORDERS)}"
+        )
+    SAMPLERS[cfg.kind](cfg, num_layers, None)  # each factory checks its own options
 
 
 def build_sampler(cfg, num_layers: int, fanouts: Sequence[int] | None = None):
-    """Factory: sampler config -> DGL block sampler; `fanouts` overrides cfg.fanouts (evaluation)."""
+    """Factory: sampler config -> sampler; `fanouts` overrides cfg.fanouts."""
     check_sampler_cfg(cfg, num_layers)
     return SAMPLERS[cfg.kind](cfg, num_layers, fanouts)
+
+
+def build_eval_sampler(cfg, num_layers: int, eval_fanouts: Sequence[int] | None = None):
+    """The validation / test sampler: the training formation at `eval_fanouts` (default its own fanouts);
+    a formation without fanouts (subgraphs, full graph) is evaluated over all neighbours."""
+    if has_fanouts(cfg):
+        return build_sampler(cfg, num_layers, eval_fanouts)
+    from gnnscale.sampling.neighbor import NeighborBlockSampler
+
+    fanouts = [-1] * num_layers if eval_fanouts is None else eval_fanouts
+    return NeighborBlockSampler(check_fanouts(fanouts, num_layers, key="train.eval_fanouts"))
 
 
 class BlockLoader:
@@ -80,14 +146,27 @@ def build_loader(
     shuffle: bool,
     num_workers: int = 0,
     drop_last: bool = False,
+    seed_labels: torch.Tensor | None = None,
 ):
     """An iterable of Batch over `seeds`. Shuffling draws from numpy's global RNG and sampling from
-    DGL's, both reseeded per epoch by the training loop, so every epoch is reproducible."""
+    DGL's, both reseeded per epoch by the training loop, so every epoch is reproducible.
+
+    seed_labels (the seeds' labels, given for sampler.seed_order=stratified): each batch then holds the
+    labels' class proportions; the order is drawn when the loader is iterated, like DGL's shuffle."""
     import dgl
 
     own = getattr(sampler, "loader", None)
     if own is not None:
         return own(g, seeds, batch_size, shuffle, num_workers, drop_last)
+    if seed_labels is not None and shuffle:
+        from gnnscale.sampling.stratified import StratifiedLoader
+
+        return StratifiedLoader(
+            lambda ordered: build_loader(g, ordered, sampler, batch_size, False, num_workers, drop_last),
+            seeds,
+            seed_labels,
+            batch_size,
+        )
     kwargs = {}
     if num_workers > 0:
         # Workers inherit DGL's RNG state by fork; reseed each from torch's per-worker seed
@@ -148,9 +227,12 @@ def _seed_worker(worker_id: int) -> None:
 __all__ = [
     "SAMPLERS",
     "Batch",
+    "SamplingContext",
+    "build_eval_sampler",
     "build_loader",
     "build_sampler",
     "check_fanouts",
     "check_sampler_cfg",
+    "has_fanouts",
     "set_sampling_threads",
 ]

@@ -7,17 +7,20 @@ this stage composes the pieces, runs it and reports.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Callable
 
 import torch
 from omegaconf import DictConfig
 
+from gnnscale.errors import MemoryBudgetError
 from gnnscale.sampling import set_sampling_threads
 from gnnscale.stages.common import cpu_count, metered
-from gnnscale.storage.run_dir import make_run_dir, write_summary
+from gnnscale.storage.run_dir import SAMPLER_CACHE, make_run_dir, write_summary
 from gnnscale.tasks import build_task
 from gnnscale.training.alloc import keep_heap_warm
-from gnnscale.training.build import build_trainer, preflight
+from gnnscale.training.build import build_samplers, build_trainer, preflight
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
 from gnnscale.training.data import load_train_data
 from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
@@ -37,9 +40,11 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     t = cfg.train
     device = pick_device(t.device)
     precision = Precision(cfg.precision.dtype, device)
-    memory = _plan_memory(cfg, data, device)
-    task = build_task("node", t, data, device)
+    existed = bool(cfg.get("run_dir")) and Path(cfg.run_dir).exists()
     run_dir = make_run_dir(cfg, "train")
+    samplers = build_samplers(cfg, data, run_dir / SAMPLER_CACHE)
+    memory = _plan_memory(cfg, data, device, samplers, fresh=None if existed else run_dir)
+    task = build_task("node", t, data, device)
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
@@ -54,6 +59,7 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
             device,
             run_dir,
             memory.prefetch,
+            samplers,
             callbacks,
             lambda: meter.sampler.peak_rss_mb,
         )
@@ -94,11 +100,16 @@ def _setup_process(cfg: DictConfig) -> int:
     return threads
 
 
-def _plan_memory(cfg: DictConfig, data, device):
-    """The memory plan (exit 2 when nothing fits), its decisions said, the features placed as decided."""
-    memory, decisions = preflight(
-        cfg, data, device, resolve_budget(cfg.train.memory_budget, "train.memory_budget")
-    )
+def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | None):
+    """The memory plan (exit 2 when nothing fits, leaving no new run_dir behind), its decisions said,
+    the features placed as decided."""
+    budget = resolve_budget(cfg.train.memory_budget, "train.memory_budget")
+    try:
+        memory, decisions = preflight(cfg, data, device, budget, samplers)
+    except MemoryBudgetError:
+        if fresh is not None:  # created by this run a moment ago: nothing of the user's is in it
+            shutil.rmtree(fresh, ignore_errors=True)
+        raise
     for line in decisions:
         info(line)
     if memory.feature_cache == "memory":
@@ -124,7 +135,12 @@ def _header(cfg: DictConfig, data, precision, device, trainer) -> str:
     num_params = sum(p.numel() for p in trainer.model.parameters())
     return (
         f"train: {data.name} ({data.graph.num_nodes:,} nodes, {len(data.splits['train']):,} train seeds) · "
-        f"{cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden} · fanouts {list(cfg.sampler.fanouts)} · "
+        f"{cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden} · {_formation(cfg.sampler)} · "
         f"batch {cfg.train.batch_size} · {precision.name} on {device.type} · features {data.feature_cache} · "
         f"{num_params:,} params"
     )
+
+
+def _formation(sampler_cfg) -> str:
+    fanouts = sampler_cfg.get("fanouts")
+    return f"{sampler_cfg.kind} {list(fanouts)}" if fanouts is not None else str(sampler_cfg.kind)

@@ -5,6 +5,7 @@ runs/<stage>/<YYYYmmdd-HHMMSS>/      (or run_dir=PATH)
   metrics.jsonl    one JSON object per epoch    checkpoints/   last.pt, best.pt (train)
   emb_info.json    what embeddings.npy holds (infer; written last: marks a finished run)
   layers/          every layer's output (infer, for --update)
+  sampler/         what a training sampler pre-computed (e.g. GraphSAINT's normalisation), reused on resume
   pipeline_key.json  what a pipeline stage folder was run with (its reuse key)
 """
 
@@ -27,6 +28,7 @@ CONFIG, SUMMARY, METRICS = "config.yaml", "summary.json", "metrics.jsonl"
 CHECKPOINTS, LAST, BEST = "checkpoints", "last.pt", "best.pt"
 EMB_INFO, EMBEDDINGS, PREDICTIONS, LAYERS = "emb_info.json", "embeddings.npy", "predictions.npy", "layers"
 KEY_FILE = "pipeline_key.json"
+SAMPLER_CACHE = "sampler"
 
 
 def config_hash(node) -> str:

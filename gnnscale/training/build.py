@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -11,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.errors import MemoryBudgetError
 from gnnscale.models import build_model, model_signature, signature_hash
-from gnnscale.sampling import build_loader, build_sampler
+from gnnscale.sampling import SamplingContext, build_eval_sampler, build_loader, build_sampler
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.data import TrainData
@@ -44,26 +43,37 @@ def _eval_batch_size(t) -> int:
     return int(t.eval_batch_size) or 4 * int(t.batch_size)
 
 
-def _samplers(cfg: DictConfig) -> dict:
-    """{True: the training sampler, False: the evaluation one}."""
+def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = None) -> dict:
+    """{"train": the training sampler, "eval": the evaluation one}, each prepared on the graph once
+    (a sampler that pre-computes something caches it in cache_dir)."""
     layers = int(cfg.model.num_layers)
-    return {
-        True: build_sampler(cfg.sampler, layers),
-        False: build_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
+    samplers = {
+        "train": build_sampler(cfg.sampler, layers),
+        "eval": build_eval_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
     }
+    ctx = SamplingContext(
+        data.graph, data.g, data.splits["train"], data.labels, cache_dir, seed=int(cfg.seed)
+    )
+    for sampler in samplers.values():
+        prepare = getattr(sampler, "prepare", None)
+        if prepare is not None:
+            prepare(ctx)
+    return samplers
 
 
 def preflight(
-    cfg: DictConfig, data: TrainData, device: torch.device, budget: Budget
+    cfg: DictConfig, data: TrainData, device: torch.device, budget: Budget, samplers: dict
 ) -> tuple[MemoryPlan, list[str]]:
     """The memory plan, from a few sampled batches (drawn before the run's seeded RNG streams start).
     Raises MemoryBudgetError, with settings that would fit, when even the leanest plan does not."""
     t = cfg.train
-    samplers = _samplers(cfg)
-    train_shape = probe_batches(data.g, data.splits["train"], samplers[True], int(t.batch_size))
+    layers = int(cfg.model.num_layers)
+    train_shape = probe_batches(
+        data.g, data.splits["train"], samplers["train"], int(t.batch_size), num_layers=layers
+    )
     evals = [data.splits[s] for s in ("val", "test") if len(data.splits[s])]
     eval_shape = max(
-        (probe_batches(data.g, ids, samplers[False], _eval_batch_size(t), k=1) for ids in evals),
+        (probe_batches(data.g, ids, samplers["eval"], _eval_batch_size(t), k=1) for ids in evals),
         key=lambda shape: shape.input_rows,
         default=train_shape,
     )
@@ -84,22 +94,33 @@ def preflight(
     return p, decisions
 
 
-def build_streams(cfg: DictConfig, data: TrainData, device: torch.device, prefetch: int) -> dict:
+def build_streams(
+    cfg: DictConfig, data: TrainData, device: torch.device, prefetch: int, samplers: dict
+) -> dict:
     """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones."""
     t = cfg.train
-    samplers = _samplers(cfg)
+    stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
 
     def stream(split: str, train: bool) -> BatchStream:
-        ids, bs, sampler = data.splits[split], int(t.batch_size) if train else eval_bs, samplers[train]
+        ids, bs = data.splits[split], int(t.batch_size) if train else eval_bs
+        sampler = samplers["train" if train else "eval"]
+        seed_labels = data.labels[ids] if train and stratified else None
         return BatchStream(
-            lambda: build_loader(data.g, ids, sampler, bs, shuffle=train, num_workers=int(t.num_workers)),
+            lambda: build_loader(
+                data.g,
+                ids,
+                sampler,
+                bs,
+                shuffle=train,
+                num_workers=int(t.num_workers),
+                seed_labels=seed_labels,
+            ),
             data.features,
             data.labels,
             prefetch=prefetch,
             device=device,
-            num_batches=math.ceil(len(ids) / bs),
             buffers=buffers,
         )
 
@@ -114,6 +135,7 @@ def build_trainer(
     device: torch.device,
     run_dir: Path,
     prefetch: int,
+    samplers: dict,
     callbacks: Sequence[Callback] = (),
     peak_rss_mb: Callable[[], float | None] = lambda: None,
 ) -> Trainer:
@@ -122,7 +144,8 @@ def build_trainer(
     model = task.build_model(cfg.model, data.feat_dim).to(device)
     signature = model_signature(cfg.model, data.feat_dim, data.num_classes)
     optimizer = build_optimizer(model.parameters(), t)
-    scheduler = build_scheduler(optimizer, math.ceil(len(data.splits["train"]) / t.batch_size), t)
+    streams = build_streams(cfg, data, device, prefetch, samplers)
+    scheduler = build_scheduler(optimizer, len(streams["train"]), t)
     identity = {
         "signature": signature,
         "signature_hash": signature_hash(signature),
@@ -138,7 +161,6 @@ def build_trainer(
         grad_clip=float(t.grad_clip),
         input_dropout=float(t.input_dropout),
     )
-    streams = build_streams(cfg, data, device, prefetch)
     return Trainer(
         model,
         task,

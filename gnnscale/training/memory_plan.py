@@ -12,6 +12,7 @@ reads (below that the kernel evicts pages the next batch needs, and every batch 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,11 +41,22 @@ class BatchShape:
         )
 
 
-def probe_batches(g, ids: torch.Tensor, sampler, batch_size: int, k: int = 3) -> BatchShape:
-    """Sample k batches of `ids` (the first k of a fixed random order) and keep the largest sizes."""
+def probe_batches(
+    g, ids: torch.Tensor, sampler, batch_size: int, k: int = 3, num_layers: int = 0
+) -> BatchShape:
+    """Sample k batches of `ids` (the first k of a fixed random order) and keep the largest sizes.
+    A formation with its own loader (subgraphs) gives its first k batches; each of its num_layers
+    layers runs on the whole subgraph."""
     order = torch.from_numpy(np.random.default_rng(0).permutation(len(ids)))
     shapes = []
-    for j in range(min(k, max(1, -(-len(ids) // batch_size)))):
+    own = getattr(sampler, "loader", None)
+    if own is not None:
+        for b in itertools.islice(own(g, ids[order], batch_size, False, 0, False), k):
+            layers = b.layers(max(num_layers, 1))
+            shapes.append(
+                (len(b.input_nodes), [s.num_nodes() for s in layers], [s.num_edges() for s in layers])
+            )
+    for j in range(min(k, max(1, -(-len(ids) // batch_size))) if own is None else 0):
         seeds = ids[order[j * batch_size : (j + 1) * batch_size]]
         input_nodes, _, blocks = sampler.sample_blocks(g, seeds)
         shapes.append(
