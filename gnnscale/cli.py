@@ -81,13 +81,40 @@ def build_csr_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     _run("build_csr", ctx.args, cfg)
 
 
+@app.command("partition", context_settings=_EXTRA)
+def partition_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """CSC -> graph_dir/partitions/<method>-<k>/ (assignment.npy, report.json): Cluster-GCN's clusters.
+
+    METIS cuts the fewest edges and balances nodes and training nodes per part; random needs no memory
+    beyond the assignment. An up-to-date partition is reused; METIS is refused before it starts when its
+    estimated memory exceeds partition.memory_budget.
+
+    [bold]Examples[/bold]
+
+      gnnscale partition graph_dir=graphs/cora          [dim]# METIS, about one part per 1,000 nodes[/dim]
+
+      gnnscale partition graph_dir=graphs/syn1m partition.num_parts=8
+
+      gnnscale partition partition.method=random partition.num_parts=500
+
+      gnnscale partition partition.memory_budget=4GB overwrite=true
+    """
+    _run("partition", ctx.args, cfg)
+
+
 @app.command("train", context_settings=_EXTRA)
 def train_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
-    """graph_dir -> trained GNN run_dir: mini-batch neighbour sampling, checkpoints, resume.
+    """graph_dir -> trained GNN run_dir: any formation (sampler=), checkpoints, resume.
+
+    Formations (sampler=): neighbor (default), labor, importance, weighted, random_walk (sampled neighbourhoods), saint (GraphSAINT subgraphs), cluster_gcn (METIS clusters), full (whole graph). Presets: +exp=sage_2hop, sage_labor, sage_importance, sage_random_walk, saint, cluster_gcn, full_gcn; +exp=two_phase runs coarse-then-fine phases (train.phases).
 
     [bold]Examples[/bold]
 
       gnnscale train +exp=sage_2hop graph_dir=graphs/cora
+
+      gnnscale train +exp=cluster_gcn graph_dir=graphs/syn500k   [dim]# partitions on first use[/dim]
+
+      gnnscale train +exp=full_gcn graph_dir=graphs/cora
 
       gnnscale train model=gcn sampler.fanouts=[10,10] train.epochs=50 precision=bf16
 
@@ -144,7 +171,9 @@ def _quote(value: str) -> str:
 
 @app.command("pipeline", context_settings=_EXTRA)
 def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
-    """shard -> build-csr -> train -> infer (layer-wise); reuses what is up to date, resumes a killed train.
+    """shard -> build-csr -> partition -> train -> infer; reuses what is up to date, resumes a killed train.
+
+    partition runs only for sampler=cluster_gcn (sampler.method, sampler.num_parts).
 
     The graph is reused when built from the same data config; a train or infer run of an earlier pipeline
     (runs/pipeline/*) when it had the same stage config and graph. Each stage runs in run_dir/<stage>/.

@@ -13,6 +13,17 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _numbered_sampling_threads():
+    """Number DGL's sampling threads before any test samples: DGL seeds each OpenMP thread's stream by
+    the order in which the threads first draw, so a test that samples on a full team first would leave
+    this process's streams racily numbered, and a later seeded run would not repeat in a new process."""
+    from gnnscale.sampling import set_sampling_threads
+    from gnnscale.stages.common import cpu_count
+
+    set_sampling_threads(cpu_count())
+
+
 def shared_data(name: str) -> Path:
     """The real graph `name`; absent, its tests skip, except under GNNSCALE_REQUIRE_SHARED_DATA=1 (set by
     .ci/run), where CI has the data and a silent skip would hide a test that no longer runs."""

@@ -1,5 +1,5 @@
-"""The layering holds: cli -> stages -> pipeline -> training / inference -> tasks -> storage, sampling,
-models, config, datasets -> utils. A package imports only from its own layer or the ones below."""
+"""The layering holds: cli -> stages -> pipeline -> training / inference / partition -> tasks -> storage,
+sampling, models, config, datasets -> utils. A package imports only from its own layer or the ones below."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ LAYERS = {
     "tasks": 2,
     "training": 3,
     "inference": 3,
+    "partition": 3,
     "pipeline": 4,
     "stages": 5,
     "cli": 6,

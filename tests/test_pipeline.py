@@ -170,7 +170,7 @@ def test_presets_and_stage_options_compose():
     cfg = compose_config(
         "pipeline", ["+exp=sage_2hop", "train.epochs=5", "model.hidden=64", "infer.batch_size=4096"]
     )
-    assert list(cfg.stages) == STAGES
+    assert list(cfg.stages) == [*STAGES[:2], "partition", *STAGES[2:]]  # partition: only for cluster_gcn
     assert (cfg.model.norm, cfg.train.patience, cfg.train.epochs, cfg.model.hidden) == ("batch", 50, 5, 64)
     assert cfg.infer.batch_size == 4096 and cfg.infer.mode == "layerwise"
     result = runner.invoke(app, ["pipeline", "--cfg", "+exp=sage_2hop"])

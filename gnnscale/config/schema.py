@@ -164,6 +164,7 @@ class RandomWalkSamplerConfig(SamplerConfig):
 class ClusterGcnSamplerConfig(SamplerConfig):
     kind: str = "cluster_gcn"
     num_parts: int = 0  # METIS clusters; 0 = about one per 1,000 nodes (gnnscale partition makes them)
+    nodes_per_part: int = 0  # with num_parts 0: ceil(num_nodes / nodes_per_part) clusters (size-free)
     method: str = "metis"  # metis | random: the partition the clusters come from
     clusters_per_batch: int = 20  # random clusters joined per batch, with the edges between them
 
@@ -173,8 +174,13 @@ class SaintSamplerConfig(SamplerConfig):
     kind: str = "saint"
     mode: str = "node"  # node | edge | walk
     budget: int = 6000  # node mode: nodes per subgraph; edge mode: edges; walk mode: walk roots
+    # node mode: a node's draw probability is ∝ colnorm (GraphSAINT's squared column norm of the normalised
+    # adjacency), degree (its in-degree, as DGL's SAINTSampler) or uniform
+    node_prob: str = "colnorm"
     walk_length: int = 2  # walk mode: hops per walk
-    num_presample: int = 50  # subgraphs pre-sampled to estimate the normalisation
+    # Subgraphs pre-sampled to estimate the normalisation; 0 = GraphSAINT's rule (until the subgraphs hold
+    # 50x the graph's nodes: every node drawn 50 times on average).
+    num_presample: int = 0
     normalize: bool = True  # loss and aggregator normalisation (GraphSAINT's unbiased estimator)
     batches_per_epoch: int = 0  # 0 = as many as cover the training nodes about once
 
@@ -376,7 +382,8 @@ class PipelineStageConfig(TrainStageConfig):
     csc: CscOptions = field(default_factory=CscOptions)
     partition: PartitionOptions = field(default_factory=PartitionOptions)
     infer: InferOptions = field(default_factory=InferOptions)
-    stages: List[str] = field(default_factory=lambda: ["shard", "build_csr", "train", "infer"])
+    # partition runs only when the sampler trains on one (sampler=cluster_gcn); otherwise it is left out
+    stages: List[str] = field(default_factory=lambda: ["shard", "build_csr", "partition", "train", "infer"])
 
 
 DATA_SCHEMAS = {

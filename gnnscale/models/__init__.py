@@ -60,7 +60,14 @@ class GNN(nn.Module):
             # A features-only baseline: the block only says which rows are destinations.
             h = self.layers[i](h[: block.num_dst_nodes()])
         elif EDGE_WEIGHT in block.edata:
-            h = self.layers[i](block, h, edge_weight=block.edata[EDGE_WEIGHT])
+            w = block.edata[EDGE_WEIGHT]
+            if h.device.type == "cpu" and torch.is_autocast_cpu_enabled():
+                # DGL casts edge weights to the features' dtype only under CUDA autocast; on CPU a bf16
+                # message times an fp32 weight is refused, so weighted layers run in fp32 there.
+                with torch.autocast("cpu", enabled=False):
+                    h = self.layers[i](block, h.float(), edge_weight=w.float())
+            else:
+                h = self.layers[i](block, h, edge_weight=w)
         else:
             h = self.layers[i](block, h)
         return self.after_conv(i, h)

@@ -8,20 +8,28 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from gnnscale.config.schema import BuildCscStageConfig, InferStageConfig, ShardStageConfig, TrainStageConfig
+from gnnscale.config.schema import (
+    BuildCscStageConfig,
+    InferStageConfig,
+    PartitionStageConfig,
+    ShardStageConfig,
+    TrainStageConfig,
+)
 from gnnscale.datasets import source_fingerprint
 from gnnscale.errors import ConfigError, GraphDirError
 from gnnscale.inference.job import check_options
+from gnnscale.partition import check_method
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.meta import META_FILE
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.build import hashable_cfg
 from gnnscale.training.options import check_train_cfg
 
-ORDER = ("shard", "build_csr", "train", "infer")
+ORDER = ("shard", "build_csr", "partition", "train", "infer")
 SCHEMAS = {
     "shard": ShardStageConfig,
     "build_csr": BuildCscStageConfig,
+    "partition": PartitionStageConfig,
     "train": TrainStageConfig,
     "infer": InferStageConfig,
 }
@@ -49,11 +57,34 @@ def check_stages(cfg: DictConfig) -> list[str]:
             "drop infer.changes",
         )
     # A bad train or infer value fails now, not after the graph was built and the model trained.
+    if "partition" in stages and partition_needed(cfg):
+        check_method(cfg.sampler.method, "sampler.method")
+        if int(cfg.sampler.num_parts) < 0:
+            raise ConfigError(
+                f"sampler.num_parts={cfg.sampler.num_parts} is negative", "use 0 (the default) or a count"
+            )
     if "train" in stages:
         check_train_cfg(cfg)
     if "infer" in stages:
         check_options(cfg.infer)
     return stages
+
+
+def partition_needed(cfg: DictConfig) -> bool:
+    """Does the chosen sampler train on a partition (Cluster-GCN's clusters)?"""
+    return cfg.sampler.kind == "cluster_gcn"
+
+
+def partition_cfg(cfg: DictConfig, run_dir: str) -> DictConfig:
+    """The partition stage's config in a pipeline: the partition the sampler will read (its method and
+    num_parts, or nodes_per_part, resolved as the sampler does), partition.* the rest."""
+    from gnnscale.sampling.cluster_gcn import ClusterGcnSampler
+
+    s = cfg.sampler
+    sampler = ClusterGcnSampler(s.num_parts, s.method, nodes_per_part=s.get("nodes_per_part", 0))
+    method, num_parts = sampler.needs_partition(GraphDir(cfg.graph_dir).num_nodes)
+    parts = {"method": method, "num_parts": num_parts}
+    return stage_cfg(cfg, "partition", run_dir=run_dir, partition=parts)
 
 
 def stage_cfg(cfg: DictConfig, stage: str, **values) -> DictConfig:

@@ -1,10 +1,12 @@
-"""`gnnscale pipeline`: shard -> build-csr -> train -> infer (layer-wise), one command.
+"""`gnnscale pipeline`: shard -> build-csr -> partition -> train -> infer (layer-wise), one command.
 
 Each stage gets only its own keys (the config its own command would compose) and its own folder,
 <run_dir>/<stage>/. A stage whose output is up to date is skipped:
 
 - shard: graph_dir holds a graph built from the same data config (meta.json's source_fingerprint).
 - build_csr: graph_dir/csc was built from the current shards (their sha256s).
+- partition: runs only for a sampler that trains on one (sampler=cluster_gcn: sampler.method and
+  sampler.num_parts); a partition made from the current CSC is reused. Otherwise it is left out.
 - train, infer: a pipeline run folder next to this one (runs/pipeline/* by default, including this
   run_dir if it is reused) holds a finished run of the stage with the same key, which is reused.
   The key is written to <stage run_dir>/pipeline_key.json before the stage starts: the hash of the
@@ -24,9 +26,17 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.errors import ConfigError
-from gnnscale.pipeline.plan import check_stages, graph_up_to_date, stage_cfg, stage_key
+from gnnscale.pipeline.plan import (
+    check_stages,
+    graph_up_to_date,
+    partition_cfg,
+    partition_needed,
+    stage_cfg,
+    stage_key,
+)
 from gnnscale.pipeline.report import headline, summary_rows
 from gnnscale.stages import build_csr, infer, shard, train
+from gnnscale.stages import partition as partition_stage
 from gnnscale.storage.run_dir import (
     SUMMARY,
     claim_run,
@@ -48,6 +58,16 @@ def _run_graph_stage(stage: str, cfg: DictConfig, run_dir: Path, results: dict) 
     info(f"[bold]== {stage} ==[/bold]")
     fn = shard.run if stage == "shard" else build_csr.run
     return fn(stage_cfg(cfg, stage, run_dir=str(run_dir / stage)))
+
+
+def _run_partition(cfg: DictConfig, run_dir: Path, results: dict) -> dict | None:
+    """None (left out of the results) when the sampler needs no partition; reuses an up-to-date one."""
+    if not partition_needed(cfg):
+        info(f"[bold]partition[/bold]: not needed by sampler.kind={cfg.sampler.kind}, skipped")
+        return None
+    info("[bold]== partition ==[/bold]")
+    summary = partition_stage.run(partition_cfg(cfg, str(run_dir / "partition")))
+    return {**summary, "skipped": summary["reused"]}
 
 
 # ---------------------------------------------------------------- train / infer: keys, reuse, resume
@@ -103,6 +123,7 @@ def _run_infer(cfg: DictConfig, run_dir: Path, results: dict) -> dict:
 RUNNERS = {
     "shard": partial(_run_graph_stage, "shard"),
     "build_csr": partial(_run_graph_stage, "build_csr"),
+    "partition": _run_partition,
     "train": _run_train,
     "infer": _run_infer,
 }
@@ -117,8 +138,10 @@ def run(cfg: DictConfig) -> dict:
     t_start = time.perf_counter()
     for stage in stages:
         t0 = time.perf_counter()
-        results[stage] = RUNNERS[stage](cfg, run_dir, results)
-        wall[stage] = round(time.perf_counter() - t0, 3)
+        result = RUNNERS[stage](cfg, run_dir, results)
+        if result is not None:  # None: a stage this config does not need (partition without cluster_gcn)
+            results[stage] = result
+            wall[stage] = round(time.perf_counter() - t0, 3)
     wall["total"] = round(time.perf_counter() - t_start, 3)
     summary = {
         "stage": "pipeline",

@@ -23,7 +23,9 @@ from gnnscale.training.alloc import keep_heap_warm
 from gnnscale.training.build import build_samplers, build_trainer, preflight
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
 from gnnscale.training.data import load_train_data
+from gnnscale.training.diagnostics import build_diagnostics
 from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
+from gnnscale.training.phases import resolve_epochs, resolve_phases, uses_phases
 from gnnscale.training.precision import Precision
 from gnnscale.training.report import summary_rows, train_summary
 from gnnscale.training.resume import clear_previous_run, settle_run_dir
@@ -33,6 +35,7 @@ from gnnscale.utils.ui import info, make_progress, summary_table
 
 def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> dict:
     check_train_cfg(cfg)
+    cfg = resolve_epochs(cfg)  # train.phases given: the run's epochs are theirs (config.yaml records it)
     cfg, resume_dir = settle_run_dir(cfg)
     threads = _setup_process(cfg)
     data = load_train_data(cfg.graph_dir)  # features memory-mapped until the memory plan says otherwise
@@ -48,20 +51,10 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
-        callbacks = [ConsoleProgress(bar, int(t.epochs), task.metric)]
-        if on_epoch_end is not None:
-            callbacks.append(EpochHook(on_epoch_end))
+        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end)
+        peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
         trainer = build_trainer(
-            cfg,
-            data,
-            task,
-            precision,
-            device,
-            run_dir,
-            memory.prefetch,
-            samplers,
-            callbacks,
-            lambda: meter.sampler.peak_rss_mb,
+            cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss
         )
         if resume_dir is not None:
             same = trainer.restore()
@@ -90,6 +83,17 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
     summary_table(f"train: {cfg.model.arch} on {data.name} -> {run_dir}", summary_rows(summary))
     info(f"summary: {run_dir / 'summary.json'}   checkpoint: {summary['checkpoint']}")
     return {**summary, "run_dir": str(run_dir)}
+
+
+def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end) -> list:
+    """The console progress, the health diagnostics (train.diagnostics) and the caller's epoch hook."""
+    callbacks = [ConsoleProgress(bar, int(cfg.train.epochs), metric)]
+    diagnostics = build_diagnostics(cfg, data, metric)
+    if diagnostics is not None:
+        callbacks.append(diagnostics)
+    if on_epoch_end is not None:
+        callbacks.append(EpochHook(on_epoch_end))
+    return callbacks
 
 
 def _setup_process(cfg: DictConfig) -> int:
@@ -138,6 +142,7 @@ def _header(cfg: DictConfig, data, precision, device, trainer) -> str:
         f"{cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden} · {_formation(cfg.sampler)} · "
         f"batch {cfg.train.batch_size} · {precision.name} on {device.type} · features {data.feature_cache} · "
         f"{num_params:,} params"
+        + (" · phases: " + "; ".join(p.describe() for p in resolve_phases(cfg)) if uses_phases(cfg) else "")
     )
 
 

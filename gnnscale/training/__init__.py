@@ -7,5 +7,7 @@
 - batches.py      BatchStream: features gathered for each Batch into a shared ring of buffers
 - data.py         the training data: mmap'd CSC, features, labels, splits
 - callbacks.py    console progress; report.py summary.json; resume.py which run continues
+- phases.py       train.phases: per-phase batch size and fanouts, the phase of an epoch
+- diagnostics.py  train.diagnostics: batch label mix, loss / gradient spread, overlap, over-smoothing
 - seeding.py      per-epoch seeds and RNG state; schedule.py, precision.py, options.py, alloc.py
 """

@@ -14,7 +14,16 @@ from gnnscale.sampling import SamplingContext, build_eval_sampler, build_loader,
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.data import TrainData
-from gnnscale.training.memory_plan import MemoryPlan, Sizes, Workload, plan, probe_batches, refusal
+from gnnscale.training.memory_plan import (
+    BatchShape,
+    MemoryPlan,
+    Sizes,
+    Workload,
+    plan,
+    probe_batches,
+    refusal,
+)
+from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
@@ -30,6 +39,7 @@ def hashable_cfg(cfg: DictConfig) -> dict:
     for k in _RUN_KEYS:
         data.pop(k, None)
     data.get("train", {}).pop("resume", None)
+    data.get("train", {}).pop("diagnostics", None)  # measures the run, changes nothing it computes
     return data
 
 
@@ -44,17 +54,28 @@ def _eval_batch_size(t) -> int:
 
 
 def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = None) -> dict:
-    """{"train": the training sampler, "eval": the evaluation one}, each prepared on the graph once
-    (a sampler that pre-computes something caches it in cache_dir)."""
+    """{"train": [the training sampler of each phase (train.phases; one without)], "eval": the evaluation
+    one}, each prepared on the graph once (a sampler that pre-computes something caches it in cache_dir).
+    Phases with the same fanouts share one sampler."""
     layers = int(cfg.model.num_layers)
+    by_fanouts: dict = {}
+    for phase in resolve_phases(cfg):
+        if phase.fanouts not in by_fanouts:
+            by_fanouts[phase.fanouts] = build_sampler(cfg.sampler, layers, phase.fanouts)
     samplers = {
-        "train": build_sampler(cfg.sampler, layers),
+        "train": [by_fanouts[phase.fanouts] for phase in resolve_phases(cfg)],
         "eval": build_eval_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
     }
     ctx = SamplingContext(
         data.graph, data.g, data.splits["train"], data.labels, cache_dir, seed=int(cfg.seed)
     )
-    for sampler in samplers.values():
+    for sampler in [*by_fanouts.values(), samplers["eval"]]:
+        needs_partition = getattr(sampler, "needs_partition", None)
+        if needs_partition is not None:  # cluster_gcn: its partition, made here when missing
+            from gnnscale.partition import ensure_partition
+
+            method, num_parts = needs_partition(data.graph.num_nodes)
+            ensure_partition(data.graph, method, num_parts, int(cfg.seed))
         prepare = getattr(sampler, "prepare", None)
         if prepare is not None:
             prepare(ctx)
@@ -65,11 +86,19 @@ def preflight(
     cfg: DictConfig, data: TrainData, device: torch.device, budget: Budget, samplers: dict
 ) -> tuple[MemoryPlan, list[str]]:
     """The memory plan, from a few sampled batches (drawn before the run's seeded RNG streams start).
-    Raises MemoryBudgetError, with settings that would fit, when even the leanest plan does not."""
+    Raises MemoryBudgetError, with settings that would fit, when even the leanest plan does not.
+    With train.phases every phase's batches are probed and the largest of each size is planned for."""
     t = cfg.train
     layers = int(cfg.model.num_layers)
-    train_shape = probe_batches(
-        data.g, data.splits["train"], samplers["train"], int(t.batch_size), num_layers=layers
+    phases = resolve_phases(cfg)
+    shapes = [
+        probe_batches(data.g, data.splits["train"], sampler, phase.batch_size, num_layers=layers)
+        for phase, sampler in zip(phases, samplers["train"], strict=True)
+    ]
+    train_shape = BatchShape(
+        max(s.input_rows for s in shapes),
+        tuple(max(d) for d in zip(*(s.dst_rows for s in shapes), strict=True)),
+        tuple(max(e) for e in zip(*(s.edges for s in shapes), strict=True)),
     )
     evals = [data.splits[s] for s in ("val", "test") if len(data.splits[s])]
     eval_shape = max(
@@ -90,22 +119,24 @@ def preflight(
     w = Workload.now(sizes, train_shape, eval_shape)
     p, decisions = plan(w, t.feature_cache, resolve_prefetch(int(t.prefetch), device), budget)
     if not p.fits:
-        raise MemoryBudgetError(*refusal(w, p, int(t.batch_size), _eval_batch_size(t)))
+        largest = max(phase.batch_size for phase in phases)
+        raise MemoryBudgetError(*refusal(w, p, largest, _eval_batch_size(t)))
     return p, decisions
 
 
 def build_streams(
     cfg: DictConfig, data: TrainData, device: torch.device, prefetch: int, samplers: dict
 ) -> dict:
-    """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones."""
+    """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones.
+    "train" is a list, one stream per phase (train.phases; one without), its batch size and sampler."""
     t = cfg.train
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
 
-    def stream(split: str, train: bool) -> BatchStream:
-        ids, bs = data.splits[split], int(t.batch_size) if train else eval_bs
-        sampler = samplers["train" if train else "eval"]
+    def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
+        ids, bs = data.splits[split], batch_size if train else eval_bs
+        sampler = sampler if train else samplers["eval"]
         seed_labels = data.labels[ids] if train and stratified else None
         return BatchStream(
             lambda: build_loader(
@@ -124,7 +155,15 @@ def build_streams(
             buffers=buffers,
         )
 
-    return {"train": stream("train", True), "val": stream("val", False), "test": stream("test", False)}
+    phases = resolve_phases(cfg)
+    return {
+        "train": [
+            stream("train", True, sampler, phase.batch_size)
+            for phase, sampler in zip(phases, samplers["train"], strict=True)
+        ],
+        "val": stream("val", False),
+        "test": stream("test", False),
+    }
 
 
 def build_trainer(
@@ -145,7 +184,9 @@ def build_trainer(
     signature = model_signature(cfg.model, data.feat_dim, data.num_classes)
     optimizer = build_optimizer(model.parameters(), t)
     streams = build_streams(cfg, data, device, prefetch, samplers)
-    scheduler = build_scheduler(optimizer, len(streams["train"]), t)
+    phases = resolve_phases(cfg)
+    steps = epoch_steps(phases, [len(s) for s in streams["train"]])
+    scheduler = build_scheduler(optimizer, steps, t)
     identity = {
         "signature": signature,
         "signature_hash": signature_hash(signature),
@@ -154,12 +195,13 @@ def build_trainer(
         "config_hash": config_hash(hashable_cfg(cfg)),
     }
     settings = TrainerSettings(
-        epochs=int(t.epochs),
+        epochs=phases[-1].end_epoch,
         seed=int(cfg.seed),
         eval_every=int(t.eval_every),
         patience=int(t.patience),
         grad_clip=float(t.grad_clip),
         input_dropout=float(t.input_dropout),
+        phases=tuple(phases) if uses_phases(cfg) else (),
     )
     return Trainer(
         model,

@@ -17,12 +17,16 @@ TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", 
 
 @dataclass
 class BatchEnd:
-    """What a batch-end hook sees: the step within the epoch, the batch's loss and size, its time split."""
+    """What a batch-end hook sees: the step within the epoch, the batch's loss and size, its time split,
+    and for diagnostics the seeds' labels, the input node ids and the gradient norm."""
 
     step: int
     loss: float
     seeds: int
     times: dict  # TIME_SPLIT -> seconds of this batch
+    labels: torch.Tensor | None = None  # the scored seeds' labels (b.y), on the batch's device
+    input_nodes: torch.Tensor | None = None  # global ids whose features the batch read
+    grad_norm: float | None = None  # global L2 norm of the (unscaled) gradients, before clipping
 
 
 def train_epoch(
@@ -35,7 +39,9 @@ def train_epoch(
     grad_clip: float = 0.0,
     input_dropout: float = 0.0,
     on_batch: Callable[[BatchEnd], None] | None = None,
+    grad_norm: bool = False,
 ) -> dict:
+    """grad_norm: hand on_batch the gradient norm (free when clipping: clip_grad_norm_ returns it)."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     scaler = precision.scaler
@@ -54,9 +60,12 @@ def train_epoch(
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         t2 = time.perf_counter()
+        norm = None
         if grad_clip > 0:
             scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+        elif grad_norm:
+            norm = _grad_norm(params) / (scaler.get_scale() if scaler.is_enabled() else 1.0)
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
@@ -78,7 +87,8 @@ def train_epoch(
         for k, v in times.items():
             t[k] += v
         if on_batch is not None:
-            on_batch(BatchEnd(steps, batch_loss, n, times))
+            gn = float(norm) if grad_norm and norm is not None else None
+            on_batch(BatchEnd(steps, batch_loss, n, times, b.y, b.input_nodes, gn))
         t_prev = time.perf_counter()
     wall = time.perf_counter() - t_start
     return {
@@ -92,6 +102,14 @@ def train_epoch(
         "seeds_per_s": seen / max(wall, 1e-9),
         **t,
     }
+
+
+@torch.no_grad()
+def _grad_norm(params) -> torch.Tensor:
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ from gnnscale.models import check_model_cfg
 from gnnscale.sampling import check_fanouts, check_sampler_cfg
 from gnnscale.tasks.metrics import check_metric
 from gnnscale.training.data import FEATURE_CACHES
+from gnnscale.training.phases import check_phases
 from gnnscale.training.precision import DTYPES
 from gnnscale.training.schedule import OPTIMIZERS, SCHEDULES
 from gnnscale.utils.memlimit import parse_size
@@ -36,6 +37,7 @@ def check_train_cfg(cfg) -> None:
         4096,
     )
     _require(t.epochs >= 1, "train.epochs", t.epochs, "must be at least 1", 20)
+    check_phases(cfg)
     _require(t.lr > 0, "train.lr", t.lr, "must be positive", 0.003)
     _require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0", 0.0005)
     _require(t.warmup_epochs >= 0, "train.warmup_epochs", t.warmup_epochs, "must be >= 0", 1)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.tasks.metrics import finite_or_none
 from gnnscale.training.data import TrainData
+from gnnscale.training.diagnostics import last_values, summary_warnings
 from gnnscale.training.loop import TIME_SPLIT
 from gnnscale.training.trainer import FitResult, Trainer
 
@@ -42,6 +43,17 @@ def train_summary(cfg: DictConfig, data: TrainData, trainer: Trainer, result: Fi
         "sampler": OmegaConf.to_container(cfg.sampler, resolve=True),
         "fanouts": list(cfg.sampler.fanouts) if cfg.sampler.get("fanouts") is not None else None,
         "batch_size": int(cfg.train.batch_size),
+        "phases": [
+            {
+                "epochs": [p.start_epoch, p.end_epoch],
+                "batch_size": p.batch_size,
+                "fanouts": list(p.fanouts) if p.fanouts is not None else None,
+            }
+            for p in trainer.s.phases
+        ]
+        or None,
+        "diagnostics": last_values(result.records),
+        "warnings": summary_warnings(result.records),
         "feature_cache": data.feature_cache,
         **settings,
         "checkpoint": str(result.checkpoint),
@@ -59,7 +71,7 @@ def summary_rows(s: dict) -> dict:
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.4f}"
 
-    return {
+    rows = {
         f"test {m}": fmt(s[f"test_{m}"]),
         f"val {m} (best epoch {s['best_epoch']})": fmt(s[f"val_{m}"]),
         "epochs run": f"{s['epochs_run']}{' (early stop)' if s['early_stopped'] else ''}",
@@ -70,3 +82,9 @@ def summary_rows(s: dict) -> dict:
         "peak RSS (MB)": s["peak_rss_mb"],
         "wall time (s)": s["wall_time_s"],
     }
+    diag = {k: v for k, v in (s.get("diagnostics") or {}).items() if v is not None}
+    if diag:
+        rows["health (last epoch)"] = "  ".join(f"{k.removeprefix('diag_')} {v:.3f}" for k, v in diag.items())
+    if s.get("warnings"):
+        rows["warnings"] = f"{len(s['warnings'])} (said above; listed in summary.json)"
+    return rows

@@ -4,7 +4,8 @@ What it trains on comes in as pieces (model, task, optimizer, scheduler, precisi
 a formation, a task or a distributed mode changes a piece, not this loop. Callbacks see every batch's
 end (with its time split) and every epoch's record: progress bars, diagnostics and profiling attach
 there. Every epoch reseeds all RNGs from (seed, epoch), so a run resumed from checkpoints/last.pt
-repeats the uninterrupted run exactly.
+repeats the uninterrupted run exactly. With train.phases the "train" stream is a list, one per phase;
+the epoch alone picks the phase (training/phases.py), so a resumed run lands in the right one.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from gnnscale.storage.run_dir import (
 )
 from gnnscale.tasks.metrics import finite_or_none
 from gnnscale.training.loop import BatchEnd, evaluate, train_epoch
+from gnnscale.training.phases import Phase, phase_of
 from gnnscale.training.seeding import epoch_seed, reseed, rng_state, set_rng_state
-from gnnscale.utils.ui import is_rank_zero
+from gnnscale.utils.ui import info, is_rank_zero
 
 # Seed streams of an epoch: training uses stream 0, validation 1; the final val / test passes 2 and 3.
 _EVAL_STREAM, _TEST_STREAM = 1, 2
@@ -42,14 +44,25 @@ class TrainerSettings:
     patience: int = 0  # epochs without a better val metric before stopping; 0 = never
     grad_clip: float = 0.0
     input_dropout: float = 0.0
+    # train.phases resolved (training/phases.py); empty = one phase, no phase fields in the records.
+    # Early stopping waits for the last phase: a coarse phase's plateau is no reason to skip the rest.
+    phases: Sequence[Phase] = ()
 
 
 class Callback:
     """Hooks into the loop; every method is optional."""
 
+    wants_grad_norm = False  # BatchEnd.grad_norm is filled (computed when not clipping) if any wants it
+
+    def on_resume(self, records: list[dict]) -> None:
+        """The metrics lines of the epochs a resumed run keeps (called by Trainer.restore)."""
+
     def on_epoch_start(self, epoch: int, num_batches: int) -> None: ...
 
     def on_batch_end(self, epoch: int, end: BatchEnd) -> None: ...
+
+    def on_epoch_record(self, epoch: int, record: dict, model) -> None:
+        """Before the record is written to metrics.jsonl: what is added to it is logged with it."""
 
     def on_epoch_end(self, record: dict) -> None: ...
 
@@ -130,7 +143,28 @@ class Trainer:
         self.best_val, self.best_epoch = float(ckpt["best_val"]), int(ckpt["best_epoch"])
         self.stopped = bool(ckpt.get("stopped", False))
         truncate_metrics(self.run_dir, self.resumed_from)
+        kept = read_metrics(self.run_dir)
+        for cb in self.callbacks:
+            cb.on_resume(kept)
         return ckpt.get("config_hash") == self.identity.get("config_hash")
+
+    # ------------------------------------------------------------ phases
+    def phase(self, epoch: int) -> Phase | None:
+        return phase_of(self.s.phases, epoch) if self.s.phases else None
+
+    def train_stream(self, epoch: int):
+        """The epoch's training stream: its phase's when "train" holds one per phase."""
+        streams = self.streams["train"]
+        if not isinstance(streams, (list, tuple)):
+            return streams
+        phase = self.phase(epoch)
+        return streams[phase.index - 1 if phase is not None else 0]
+
+    def _say_phase(self, epoch: int, phase: Phase | None) -> None:
+        if phase is None or not (epoch == phase.start_epoch or epoch == self.start_epoch):
+            return
+        verb = "starts" if epoch == phase.start_epoch else "continues"
+        info(f"phase {phase.index}/{len(self.s.phases)} {verb} at epoch {epoch} ({phase.describe()})")
 
     # ------------------------------------------------------------ the loop
     def _validate(self, epoch: int, record: dict) -> bool:
@@ -157,7 +191,9 @@ class Trainer:
 
     def _epoch(self, epoch: int) -> dict:
         reseed(epoch_seed(self.s.seed, epoch))
-        stream = self.streams["train"]
+        phase = self.phase(epoch)
+        self._say_phase(epoch, phase)
+        stream = self.train_stream(epoch)
         for cb in self.callbacks:
             cb.on_epoch_start(epoch, len(stream))
 
@@ -175,6 +211,7 @@ class Trainer:
             self.s.grad_clip,
             self.s.input_dropout,
             on_batch if self.callbacks else None,
+            grad_norm=any(cb.wants_grad_norm for cb in self.callbacks),
         )
         record = {
             "epoch": epoch,
@@ -196,9 +233,13 @@ class Trainer:
         device = next(self.model.parameters()).device
         if device.type == "cuda":
             record["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-        self.stopped = bool(
-            self.has_val and self.s.patience > 0 and epoch - self.best_epoch >= self.s.patience
-        )
+        if phase is not None:
+            record["phase"] = phase.index
+            record["batch_size"] = phase.batch_size
+            record["fanouts"] = list(phase.fanouts) if phase.fanouts is not None else None
+        self.stopped = self._should_stop(epoch, phase)
+        for cb in self.callbacks:
+            cb.on_epoch_record(epoch, record, self.model)
         if is_rank_zero():
             append_metrics(self.run_dir, record)
             state = self._state(epoch)
@@ -206,6 +247,17 @@ class Trainer:
                 save_checkpoint(checkpoint_file(self.run_dir, BEST), state)
             save_checkpoint(checkpoint_file(self.run_dir, LAST), state)
         return record
+
+    def _should_stop(self, epoch: int, phase: Phase | None) -> bool:
+        """Patience runs out; with phases, only in the last phase and counted from its start."""
+        if not (self.has_val and self.s.patience > 0):
+            return False
+        since = self.best_epoch
+        if phase is not None:
+            if phase.index < len(self.s.phases):
+                return False
+            since = max(since, phase.start_epoch - 1)
+        return epoch - since >= self.s.patience
 
     def fit(self) -> FitResult:
         """Train the remaining epochs, then score the best-validation weights on val and test."""
@@ -249,4 +301,5 @@ class Trainer:
 
     def close(self) -> None:
         for s in self.streams.values():
-            s.close()
+            for stream in s if isinstance(s, (list, tuple)) else [s]:
+                stream.close()

@@ -1,0 +1,71 @@
+"""`gnnscale partition`: graph_dir CSC -> graph_dir/partitions/<method>-<k>/ (assignment.npy, report.json)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from gnnscale.partition import check_method, current_report, make_partition, resolve_num_parts
+from gnnscale.stages.common import metered
+from gnnscale.storage.csc import open_csc
+from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.partitions import partition_dir
+from gnnscale.storage.run_dir import make_run_dir, write_summary
+from gnnscale.utils.ui import info, summary_table
+
+PER_PART = ("nodes_per_part", "edges_per_part", "train_nodes_per_part")
+
+
+def run(cfg: DictConfig) -> dict:
+    opts = cfg.partition
+    method = check_method(opts.method)
+    graph = GraphDir(cfg.graph_dir)
+    num_parts = resolve_num_parts(opts.num_parts, graph.num_nodes)
+    open_csc(graph)  # no CSC: "run gnnscale build-csr first", before a run folder is made
+    run_dir = make_run_dir(cfg, "partition")
+    folder = partition_dir(graph, method, num_parts)
+    report = None if cfg.overwrite else current_report(graph, method, num_parts, opts.balance_train)
+    reused = report is not None
+    with metered() as meter:
+        if reused:
+            info(f"partition: {folder} is up to date, reused (overwrite=true makes it again)")
+        else:
+            info(f"partition: {method} into {num_parts:,} parts ({graph.num_nodes:,} nodes)")
+            _, report = make_partition(
+                graph, method, num_parts, cfg.seed, opts.memory_budget, opts.balance_train
+            )
+    summary = {
+        "stage": "partition",
+        "graph_dir": str(cfg.graph_dir),
+        "partition_dir": str(folder),
+        "reused": reused,
+        **{k: v for k, v in report.items() if k not in PER_PART},
+        **{f"stage_{k}": v for k, v in meter.stats().items()},
+    }
+    write_summary(run_dir, summary)
+    summary_table(f"partition: {cfg.graph_dir} -> {folder}", _rows(report, reused))
+    info(f"summary: {run_dir / 'summary.json'}")
+    summary["run_dir"] = str(run_dir)
+    return summary
+
+
+def _rows(r: dict, reused: bool) -> dict:
+    nodes, edges = r["nodes_per_part"], r["edges_per_part"]
+    rows = {
+        "method / parts": f"{r['method']} / {r['num_parts']:,}" + (" (reused)" if reused else ""),
+        "nodes / undirected edges": f"{r['num_nodes']:,} / {r['undirected_edges']:,}",
+        "edge cut": f"{r['edge_cut']:,} ({r['edge_cut_ratio']:.2%} of the edges)",
+        "nodes per part min / max": f"{min(nodes):,} / {max(nodes):,}",
+        "edges inside a part min / max": f"{min(edges):,} / {max(edges):,}",
+        "balance nodes / train nodes": f"{_fmt(r['node_balance'])} / {_fmt(r['train_balance'])} (max / mean part)",
+        "partition time (s)": r["partition_time_s"],
+        "peak anon memory (MB)": r["peak_anon_mb"],
+    }
+    if r["empty_parts"]:
+        rows["empty parts"] = f"{r['empty_parts']:,} (METIS leaves some when parts are tiny)"
+    if "estimate_mb" in r:
+        rows["METIS estimate / budget (MB)"] = f"{r['estimate_mb']:,.0f} / {r['budget_mb']:,.0f}"
+    return rows
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
