@@ -95,6 +95,12 @@ def build_graph(name: str, scratch: Path) -> Path:
     return graph_dir
 
 
+def skipped(graph: str, formation: str) -> bool:
+    """The MLP baseline runs where its gap to the GNNs is the question; two_phase only on Cora, whose
+    preset epochs it keeps (its phases fix the run's epochs, so the other graphs' train.epochs clash)."""
+    return (formation == "mlp" and graph == "tolokers") or (formation == "two_phase" and graph != "cora")
+
+
 def overrides_for(graph: str, formation: str) -> list[str]:
     extra = list(GRAPHS[graph]["train"]) + EXTRA.get(formation, [])
     if formation == "full" and graph in FULL_EPOCHS:
@@ -226,7 +232,7 @@ def main() -> None:
     for graph in args.graphs.split(","):
         graph_dir = build_graph(graph, scratch)
         for formation in args.formations.split(","):
-            if formation == "mlp" and graph not in ("synthetic", "skew200k", "cora"):
+            if skipped(graph, formation):
                 continue
             runs = []
             for seed in seeds if graph == "cora" else seeds[:1]:

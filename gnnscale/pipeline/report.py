@@ -24,6 +24,7 @@ def headline(cfg: DictConfig, results: dict) -> dict:
         out.update(
             model=tr["model"],
             fanouts=tr["fanouts"],
+            sampler=(tr.get("sampler") or {}).get("kind", "neighbor"),
             epochs_run=tr["epochs_run"],
             early_stopped=tr["early_stopped"],
             metric=metric,
@@ -55,7 +56,10 @@ def summary_rows(summary: dict) -> dict:
         rows["nodes / edges"] = f"{h['num_nodes']:,} / {h['num_edges']:,}"
     if "model" in h:
         m = h["model"]
-        rows["model"] = f"{m['arch']} {m['num_layers']}x{m['hidden']}, fanouts {h['fanouts']}"
+        formation = h.get("sampler", "neighbor") + (
+            f" {h['fanouts']}" if h.get("fanouts") is not None else ""
+        )
+        rows["model"] = f"{m['arch']} {m['num_layers']}x{m['hidden']}, {formation}"
         rows["epochs run"] = f"{h['epochs_run']}{' (early stop)' if h['early_stopped'] else ''}"
         rows[f"test {h['metric']} (train, sampled)"] = _fmt(h["train_test"])
     if "infer_mode" in h:
