@@ -53,3 +53,12 @@ def test_unknown_kind_and_seed_order_are_refused():
     cfg = compose("train", "sampler.seed_order=sorted")
     with pytest.raises(ConfigError, match="seed_order"):
         check_sampler_cfg(cfg.sampler, 2)
+
+
+@pytest.mark.parametrize("kind", ["cluster_gcn", "saint", "full"])
+def test_sampling_workers_with_a_subgraph_formation_are_refused_not_ignored(kind):
+    from gnnscale.training.options import check_train_cfg
+
+    check_train_cfg(compose("train", f"sampler={kind}"))
+    with pytest.raises(ConfigError, match=f"train.num_workers=2 has no effect with sampler={kind}"):
+        check_train_cfg(compose("train", f"sampler={kind}", "train.num_workers=2"))

@@ -6,7 +6,7 @@ import torch
 
 from gnnscale.errors import ConfigError
 from gnnscale.models import check_model_cfg
-from gnnscale.sampling import check_fanouts, check_sampler_cfg
+from gnnscale.sampling import check_fanouts, check_sampler_cfg, has_fanouts
 from gnnscale.tasks.metrics import check_metric
 from gnnscale.training.data import FEATURE_CACHES
 from gnnscale.training.phases import check_phases
@@ -47,6 +47,13 @@ def check_train_cfg(cfg) -> None:
     _require(0 <= t.input_dropout < 1, "train.input_dropout", t.input_dropout, "must be in [0, 1)", 0.5)
     _require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 = off)", 1.0)
     _require(t.num_workers >= 0, "train.num_workers", t.num_workers, "must be >= 0", 0)
+    if t.num_workers > 0 and not has_fanouts(cfg.sampler):
+        # Subgraph and full-graph formations build their batches in the training process: say so, not ignore it.
+        raise ConfigError(
+            f"train.num_workers={t.num_workers} has no effect with sampler={cfg.sampler.kind}, "
+            "which builds its batches in the training process",
+            "drop train.num_workers (or set it to 0)",
+        )
     _require(
         t.prefetch >= -1, "train.prefetch", t.prefetch, "must be >= 0 (0 = no prefetching) or -1 (auto)", 1
     )
