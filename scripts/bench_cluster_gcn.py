@@ -33,7 +33,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
-from bench_train import DROPOUT, HIDDEN, LR, build_graph, child_memory, in_child, in_turn, ratio_block, warm  # noqa: E402
+from bench_train import (  # noqa: E402
+    HIDDEN,
+    LR,
+    build_graph,
+    child_memory,
+    in_child,
+    in_turn,
+    plain_graph,
+    plain_sage,
+    ratio_block,
+    same_model_run,
+    warm,
+)
 
 
 def dgl_side(graph_dir: str, cache: str, num_parts: int, per_batch: int, epochs: int, seed: int, q) -> None:
@@ -46,39 +58,13 @@ def dgl_side(graph_dir: str, cache: str, num_parts: int, per_batch: int, epochs:
 
 def dgl_loop(graph_dir: str, cache: str, num_parts: int, per_batch: int, epochs: int, seed: int) -> dict:
     import dgl
-    import dgl.nn as dglnn
     import torch
     import torch.nn.functional as F
-    from torch import nn
-
-    from gnnscale.storage.graph_dir import GraphDir
 
     torch.manual_seed(seed)
     dgl.seed(seed)
-    gd = GraphDir(graph_dir)
-    shards = [gd.shard(i) for i in range(gd.num_shards)]
-    src = torch.cat([s["src"] for s in shards]).clone()
-    dst = torch.cat([s["dst"] for s in shards]).clone()
-    g = dgl.graph((src, dst), num_nodes=gd.num_nodes)
-    g.ndata["feat"] = torch.cat([s["feat"] for s in shards]).clone()
-    g.ndata["label"] = torch.cat([s["label"] for s in shards]).clone()
-    g.ndata["train_mask"] = torch.cat([s["train_mask"] for s in shards]).clone()
-    test_ids = torch.cat([s["test_mask"] for s in shards]).nonzero().flatten()
-    num_classes = int(gd.meta["num_classes"])
-
-    class SAGE(nn.Module):
-        def __init__(self, in_dim, hidden, out_dim):
-            super().__init__()
-            self.layers = nn.ModuleList(
-                [dglnn.SAGEConv(in_dim, hidden, "mean"), dglnn.SAGEConv(hidden, out_dim, "mean")]
-            )
-            self.dropout = nn.Dropout(DROPOUT)
-
-        def forward(self, blocks, x):
-            h = self.dropout(torch.relu(self.layers[0](blocks[0], x)))
-            return self.layers[1](blocks[1], h)
-
-    model = SAGE(g.ndata["feat"].shape[1], HIDDEN, num_classes)
+    g, _, test_ids, num_classes = plain_graph(graph_dir)
+    model = plain_sage(g.ndata["feat"].shape[1], HIDDEN, num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     sampler = dgl.dataloading.ClusterGCNSampler(
         g, num_parts, cache_path=cache, prefetch_ndata=["feat", "label", "train_mask"]
@@ -122,26 +108,11 @@ def gnnscale_side(
     from gnnscale.stages import train
 
     overrides = [
-        f"graph_dir={graph_dir}",
-        f"run_dir={run_dir}",
-        "overwrite=true",
-        f"seed={seed}",
-        "model=sage",
-        f"model.hidden={HIDDEN}",
-        f"model.dropout={DROPOUT}",
-        "model.norm=none",
-        "model.aggregator=mean",
+        *same_model_run(graph_dir, run_dir, seed, epochs),
         "sampler=cluster_gcn",
         f"sampler.num_parts={num_parts}",
         f"sampler.clusters_per_batch={per_batch}",
-        f"train.epochs={epochs}",
-        f"train.lr={LR}",
-        "train.schedule=none",
-        "train.grad_clip=0",
-        "train.weight_decay=0",
-        "train.patience=0",
         "train.diagnostics=false",
-        f"train.eval_every={epochs}",
         "train.eval_batch_size=4096",
     ]
     summary = train.run(compose_config("train", overrides))

@@ -36,15 +36,11 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DGLBACKEND", "pytorch")
 SHARED = ROOT.parent / "shared" / "data"
 
+from gnnscale.sampling import PRESETS as FORMATION_PRESETS  # noqa: E402
+
 # formation -> its +exp= preset (run as is; per-graph overrides below only shorten the large graph)
 PRESETS = {
-    "neighbor": "sage_2hop",
-    "labor": "sage_labor",
-    "importance": "sage_importance",
-    "random_walk": "sage_random_walk",
-    "cluster_gcn": "cluster_gcn",
-    "saint": "saint",
-    "full": "full_gcn",
+    **FORMATION_PRESETS,
     "two_phase": "two_phase",
     "mlp": "sage_2hop",  # the features-only baseline: sage_2hop's settings with model.arch=mlp
 }

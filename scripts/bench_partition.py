@@ -36,31 +36,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
-
-def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: int, num_classes: int) -> dict:
-    from gnnscale.config import compose_config
-    from gnnscale.stages import build_csr, shard
-
-    data = [
-        f"data.num_nodes={num_nodes}",
-        f"data.avg_degree={avg_degree}",
-        f"data.feat_dim={feat_dim}",
-        f"data.num_classes={num_classes}",
-    ]
-    meta_path = graph_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    if not ("csc" in meta and meta["num_nodes"] == num_nodes and meta["feat_dim"] == feat_dim):
-        runs = graph_dir.parent / "runs"
-        shard.run(
-            compose_config(
-                "shard", [f"graph_dir={graph_dir}", f"run_dir={runs / 'shard'}", "overwrite=true", *data]
-            )
-        )
-        build_csr.run(compose_config("build_csr", [f"graph_dir={graph_dir}", f"run_dir={runs / 'csc'}"]))
-        meta = json.loads(meta_path.read_text())
-    return {"graph_dir": str(graph_dir), **{k: meta[k] for k in ("num_nodes", "num_edges", "feat_dim")}}
+from bench_train import build_graph  # noqa: E402  (one way to build the synthetic benchmark graphs)
 
 
 # ---------------------------------------------------------------- children

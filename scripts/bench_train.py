@@ -58,11 +58,8 @@ def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: in
         f"data.num_classes={num_classes}",
     ]
     meta_path = graph_dir / "meta.json"
-    if not (
-        meta_path.is_file()
-        and "csc" in json.loads(meta_path.read_text())
-        and json.loads(meta_path.read_text())["num_nodes"] == num_nodes
-    ):
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if not ("csc" in meta and meta["num_nodes"] == num_nodes and meta["feat_dim"] == feat_dim):
         runs = graph_dir.parent / "runs"
         shard.run(
             compose_config(
@@ -71,7 +68,10 @@ def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: in
         )
         build_csr.run(compose_config("build_csr", [f"graph_dir={graph_dir}", f"run_dir={runs / 'csc'}"]))
     meta = json.loads(meta_path.read_text())
-    return {k: meta[k] for k in ("num_nodes", "num_edges", "feat_dim", "num_classes", "splits")}
+    return {
+        "graph_dir": str(graph_dir),
+        **{k: meta[k] for k in ("num_nodes", "num_edges", "feat_dim", "num_classes", "splits")},
+    }
 
 
 def child_memory(sampled_rss_mb, sampled_anon_mb) -> dict:
@@ -97,31 +97,34 @@ def plain_dgl(graph_dir: str, epochs: int, seed: int, queue) -> None:
     queue.put({**result, **child_memory(mem.peak_rss_mb, mem.peak_anon_mb)})
 
 
-def plain_loop(graph_dir: str, epochs: int, seed: int) -> dict:
-    """A straightforward DGL mini-batch loop, everything in memory."""
+def plain_graph(graph_dir: str):
+    """(DGL graph with feat / label / train_mask in ndata, train ids, test ids, classes): everything in memory,
+    as DGL's examples load a graph."""
     import dgl
-    import dgl.nn as dglnn
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
     from gnnscale.storage.graph_dir import GraphDir
 
-    torch.manual_seed(seed)
-    dgl.seed(seed)
     gd = GraphDir(graph_dir)
     shards = [gd.shard(i) for i in range(gd.num_shards)]
-    src = torch.cat([s["src"] for s in shards]).clone()
-    dst = torch.cat([s["dst"] for s in shards]).clone()
-    g = dgl.graph((src, dst), num_nodes=gd.num_nodes)
-    g.ndata["feat"] = torch.cat([s["feat"] for s in shards]).clone()
-    g.ndata["label"] = torch.cat([s["label"] for s in shards]).clone()
-    train_ids = torch.cat([s["train_mask"] for s in shards]).nonzero().flatten()
-    test_ids = torch.cat([s["test_mask"] for s in shards]).nonzero().flatten()
-    num_classes = int(gd.meta["num_classes"])
 
-    class SAGE(nn.Module):
-        def __init__(self, in_dim, hidden, out_dim):
+    def cat(key: str):
+        return torch.cat([s[key] for s in shards]).clone()
+
+    g = dgl.graph((cat("src"), cat("dst")), num_nodes=gd.num_nodes)
+    g.ndata["feat"], g.ndata["label"], g.ndata["train_mask"] = cat("feat"), cat("label"), cat("train_mask")
+    test_ids = cat("test_mask").nonzero().flatten()
+    return g, g.ndata["train_mask"].nonzero().flatten(), test_ids, int(gd.meta["num_classes"])
+
+
+def plain_sage(in_dim: int, hidden: int, out_dim: int):
+    """The baselines' model: 2-layer GraphSAGE (mean), ReLU and dropout between, on blocks or subgraphs."""
+    import dgl.nn as dglnn
+    import torch
+    from torch import nn
+
+    class PlainSage(nn.Module):
+        def __init__(self):
             super().__init__()
             self.layers = nn.ModuleList(
                 [dglnn.SAGEConv(in_dim, hidden, "mean"), dglnn.SAGEConv(hidden, out_dim, "mean")]
@@ -132,7 +135,19 @@ def plain_loop(graph_dir: str, epochs: int, seed: int) -> dict:
             h = self.dropout(torch.relu(self.layers[0](blocks[0], x)))
             return self.layers[1](blocks[1], h)
 
-    model = SAGE(g.ndata["feat"].shape[1], HIDDEN, num_classes)
+    return PlainSage()
+
+
+def plain_loop(graph_dir: str, epochs: int, seed: int) -> dict:
+    """A straightforward DGL mini-batch loop, everything in memory."""
+    import dgl
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    g, train_ids, test_ids, num_classes = plain_graph(graph_dir)
+    model = plain_sage(g.ndata["feat"].shape[1], HIDDEN, num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     sampler = dgl.dataloading.NeighborSampler(
         FANOUTS, prefetch_node_feats=["feat"], prefetch_labels=["label"]
@@ -169,11 +184,10 @@ def plain_loop(graph_dir: str, epochs: int, seed: int) -> dict:
     }
 
 
-def gnnscale_train(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: list, queue) -> None:
-    from gnnscale.config import compose_config
-    from gnnscale.stages import train
-
-    overrides = [
+def same_model_run(graph_dir: str, run_dir: str, seed: int, epochs: int) -> list[str]:
+    """`gnnscale train` overrides for the baselines' model and optimiser (plain_sage, Adam at LR, no schedule,
+    no clipping, no early stop), evaluated once at the end."""
+    return [
         f"graph_dir={graph_dir}",
         f"run_dir={run_dir}",
         "overwrite=true",
@@ -183,8 +197,6 @@ def gnnscale_train(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: 
         f"model.dropout={DROPOUT}",
         "model.norm=none",
         "model.aggregator=mean",
-        f"sampler.fanouts=[{','.join(map(str, FANOUTS))}]",
-        f"train.batch_size={BATCH}",
         f"train.epochs={epochs}",
         f"train.lr={LR}",
         "train.schedule=none",
@@ -192,6 +204,17 @@ def gnnscale_train(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: 
         "train.weight_decay=0",
         "train.patience=0",
         f"train.eval_every={epochs}",
+    ]
+
+
+def gnnscale_train(graph_dir: str, epochs: int, seed: int, run_dir: str, extra: list, queue) -> None:
+    from gnnscale.config import compose_config
+    from gnnscale.stages import train
+
+    overrides = [
+        *same_model_run(graph_dir, run_dir, seed, epochs),
+        f"sampler.fanouts=[{','.join(map(str, FANOUTS))}]",
+        f"train.batch_size={BATCH}",
         *extra,
     ]
     summary = train.run(compose_config("train", overrides))

@@ -36,6 +36,14 @@ def shared_data(name: str) -> Path:
     return path
 
 
+def edge_pairs(graph):
+    """(src, dst) of every edge of a DGL graph or block, read from the CSC (the only format gnnscale creates)."""
+    import torch
+
+    indptr, indices, _ = graph.adj_tensors("csc")
+    return indices, torch.repeat_interleave(torch.arange(len(indptr) - 1), torch.diff(indptr))
+
+
 def compose(stage: str, *overrides: str):
     return compose_config(stage, list(overrides))
 

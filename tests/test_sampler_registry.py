@@ -7,19 +7,15 @@ import pytest
 from gnnscale.config.compose import config_dir
 from gnnscale.config.schema import SAMPLER_SCHEMAS
 from gnnscale.errors import ConfigError
-from gnnscale.sampling import SAMPLERS, build_eval_sampler, build_sampler, check_sampler_cfg, has_fanouts
+from gnnscale.sampling import (
+    PRESETS,
+    SAMPLERS,
+    build_eval_sampler,
+    build_sampler,
+    check_sampler_cfg,
+    has_fanouts,
+)
 from tests.conftest import compose
-
-# formation -> its +exp= preset (README "Choosing a formation" and scripts/bench_formations.py use these)
-PRESETS = {
-    "neighbor": "sage_2hop",
-    "labor": "sage_labor",
-    "importance": "sage_importance",
-    "random_walk": "sage_random_walk",
-    "cluster_gcn": "cluster_gcn",
-    "saint": "saint",
-    "full": "full_gcn",
-}
 
 
 def test_every_kind_has_a_schema_and_a_config():

@@ -26,7 +26,7 @@ from gnnscale.sampling.random_walk import top_visited
 from gnnscale.storage import node_scores
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.graph_dir import GraphDir
-from tests.conftest import build_graph
+from tests.conftest import build_graph, edge_pairs
 
 runner = CliRunner()
 GRAPH = (
@@ -71,20 +71,15 @@ def make(graph_dir, g, name: str, fanouts, **extra):
     return sampler
 
 
-def csc_edges(graph) -> tuple[torch.Tensor, torch.Tensor]:
-    indptr, indices, _ = graph.adj_tensors("csc")
-    return indices, torch.repeat_interleave(torch.arange(len(indptr) - 1), torch.diff(indptr))
-
-
 def global_edges(block) -> list[tuple[int, int]]:
-    s, d = csc_edges(block)
+    s, d = edge_pairs(block)
     src, dst = block.srcdata[dgl.NID], block.dstdata[dgl.NID]
     return list(zip(src[s].tolist(), dst[d].tolist(), strict=True))
 
 
 def within_hops(g, hops: int) -> sp.csr_matrix:
     """R[v, u] != 0 when u reaches v's in-neighbourhood within `hops` reversed steps."""
-    s, d = csc_edges(g)
+    s, d = edge_pairs(g)
     n = g.num_nodes()
     a = sp.csr_matrix((np.ones(len(s)), (d.numpy(), s.numpy())), shape=(n, n))
     reach, step = a.copy(), a.copy()
@@ -104,7 +99,7 @@ def test_blocks_are_consistent(graph_dir, g, name):
     n = g.num_nodes()
     assert torch.equal(out, seeds) and torch.equal(blocks[-1].dstdata[dgl.NID], seeds)
     assert torch.equal(input_nodes, blocks[0].srcdata[dgl.NID])
-    src_all, dst_all = csc_edges(g)
+    src_all, dst_all = edge_pairs(g)
     graph_edges = set(zip(src_all.tolist(), dst_all.tolist(), strict=True))
     reach = within_hops(g, KINDS[name].get("walk_length", 1))
     for i, (block, fanout) in enumerate(zip(blocks, fanouts, strict=True)):
@@ -126,7 +121,7 @@ def test_blocks_are_consistent(graph_dir, g, name):
         else:
             assert set(edges) <= graph_edges
             eids = block.edata[dgl.EID]
-            assert torch.equal(src_all[eids], src[csc_edges(block)[0]])  # edge ids are the graph's
+            assert torch.equal(src_all[eids], src[edge_pairs(block)[0]])  # edge ids are the graph's
         if name.startswith("importance") or name == "weighted":
             assert int(deg.max()) <= fanout
         if name == "weighted":
@@ -134,7 +129,7 @@ def test_blocks_are_consistent(graph_dir, g, name):
         if name == "labor-1":
             w = block.edata["edge_weight"]
             assert len(w) == block.num_edges() and bool((w > 0).all())
-            sums = torch.zeros(n_dst).index_add_(0, csc_edges(block)[1], w)
+            sums = torch.zeros(n_dst).index_add_(0, edge_pairs(block)[1], w)
             torch.testing.assert_close(sums, deg.float())  # DGL normalises them per destination
         else:
             assert "edge_weight" not in block.edata

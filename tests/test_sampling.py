@@ -16,7 +16,7 @@ from gnnscale.sampling import blocks as blocks_mod
 from gnnscale.sampling.graph import to_dgl_graph
 from gnnscale.sampling.neighbor import NeighborBlockSampler
 from gnnscale.storage.graph_dir import GraphDir
-from tests.conftest import TINY_SYNTHETIC, build_graph
+from tests.conftest import TINY_SYNTHETIC, build_graph, edge_pairs
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,6 @@ def graph_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def g(graph_dir):
     return to_dgl_graph(GraphDir(graph_dir))
-
-
-def edge_pairs(graph) -> tuple[torch.Tensor, torch.Tensor]:
-    """(src, dst) of every edge, read from the CSC (the only format these graphs are created with)."""
-    indptr, indices, _ = graph.adj_tensors("csc")
-    return indices, torch.repeat_interleave(torch.arange(len(indptr) - 1), torch.diff(indptr))
 
 
 def global_edges(block) -> set[tuple[int, int]]:

@@ -75,6 +75,16 @@ SAMPLERS: dict[str, Callable] = {
     "full": _lazy("full"),
 }
 SEED_ORDERS = ("random", "stratified")
+# kind -> its `+exp=` preset (configs/exp/), each one that trains as is; `weighted` needs a user's edge weights
+PRESETS = {
+    "neighbor": "sage_2hop",
+    "labor": "sage_labor",
+    "importance": "sage_importance",
+    "random_walk": "sage_random_walk",
+    "cluster_gcn": "cluster_gcn",
+    "saint": "saint",
+    "full": "full_gcn",
+}
 
 
 @dataclass
@@ -225,6 +235,7 @@ def _seed_worker(worker_id: int) -> None:
 
 
 __all__ = [
+    "PRESETS",
     "SAMPLERS",
     "Batch",
     "SamplingContext",

@@ -58,12 +58,13 @@ def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = No
     one}, each prepared on the graph once (a sampler that pre-computes something caches it in cache_dir).
     Phases with the same fanouts share one sampler."""
     layers = int(cfg.model.num_layers)
+    phases = resolve_phases(cfg)
     by_fanouts: dict = {}
-    for phase in resolve_phases(cfg):
+    for phase in phases:
         if phase.fanouts not in by_fanouts:
             by_fanouts[phase.fanouts] = build_sampler(cfg.sampler, layers, phase.fanouts)
     samplers = {
-        "train": [by_fanouts[phase.fanouts] for phase in resolve_phases(cfg)],
+        "train": [by_fanouts[phase.fanouts] for phase in phases],
         "eval": build_eval_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
     }
     ctx = SamplingContext(
