@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.gnnscale-installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn clean
+.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "}; /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,7 +28,7 @@ lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check gnnscale tests scripts
 	$(BIN)/ruff format --check gnnscale tests scripts
 
-bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn ## Run every benchmark (large: see scripts/bench_*.py)
+bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling ## Run every benchmark (large: see scripts/bench_*.py)
 
 bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
 	$(BIN)/python scripts/bench_storage.py
@@ -53,6 +53,9 @@ bench-partition: $(STAMP) ## gnnscale partition (METIS / random) on 500k- and 2M
 
 bench-cluster-gcn: $(STAMP) ## sampler=cluster_gcn vs DGL's Cluster-GCN recipe, 500k nodes / 10M edges
 	$(BIN)/python scripts/bench_cluster_gcn.py
+
+bench-scaling: $(STAMP) ## 1 vs 2 processes (DDP), each gradient compression, local steps, METIS split, 500k nodes
+	$(BIN)/python scripts/bench_scaling.py
 
 clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)
 	rm -rf graphs runs outputs bench/tmp

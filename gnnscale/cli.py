@@ -39,8 +39,9 @@ def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
         module = importlib.import_module(f"gnnscale.stages.{stage}")
         module.run(cfg)
     except GnnscaleError as exc:
-        err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        if not getattr(exc, "reported", False):  # a rank of a multi-process job may have said it already
+            err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(getattr(exc, "exit_code", 2)) from None
     except KeyboardInterrupt:
         err_console.print(
             "error: interrupted; nothing half-written was published, re-run the same command to start again",
@@ -123,6 +124,14 @@ def train_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
       gnnscale train resume=runs/train/20260101-120000   [dim]# continue a killed run from last.pt[/dim]
 
       gnnscale train train.memory_budget=6GB              [dim]# plan within 6 GB (default: 90% of the cgroup / free memory)[/dim]
+
+      gnnscale train dist=ddp dist.nproc=2                [dim]# 2 processes, DDP (gloo on CPU, NCCL on GPUs)[/dim]
+
+      gnnscale train dist=ddp dist.split=metis dist.grad_compression=bf16 dist.local_steps=4
+
+      torchrun --nproc_per_node=2 -m gnnscale train dist=ddp   [dim]# torchrun starts the ranks[/dim]
+
+      gnnscale train dist=distdgl dist.num_trainers=2     [dim]# DistDGL servers + trainers on this machine[/dim]
 
     Before the first batch it estimates its memory, keeps features in RAM only if they fit, and exits 2
     with settings that would fit when nothing does. Off a terminal, progress is a line every ui.log_every_s.

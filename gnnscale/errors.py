@@ -30,3 +30,12 @@ class GraphDirError(DataError):
 
 class MemoryBudgetError(ConfigError):
     """A run whose estimated memory exceeds its budget: refused before it could be killed mid-way."""
+
+
+class RankFailedError(GnnscaleError):
+    """A rank of a multi-process job died or failed: the job stopped (exit 1, or the rank's own code)."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = 1, reported: bool = False):
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+        self.reported = reported  # the rank printed its own one-line error already

@@ -47,7 +47,11 @@ FANOUTS = [15, 10]
 HIDDEN, DROPOUT, LR, BATCH = 256, 0.5, 0.003, 1024
 
 
-def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: int, num_classes: int) -> dict:
+def build_graph(
+    graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: int, num_classes: int, extra: tuple = ()
+) -> dict:
+    """The synthetic graph through shard + build-csr, reused when its data settings (extra: more data.*
+    overrides, recorded in graph_dir/bench_data.json) are the same."""
     from gnnscale.config import compose_config
     from gnnscale.stages import build_csr, shard
 
@@ -56,10 +60,12 @@ def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: in
         f"data.avg_degree={avg_degree}",
         f"data.feat_dim={feat_dim}",
         f"data.num_classes={num_classes}",
+        *extra,
     ]
-    meta_path = graph_dir / "meta.json"
+    meta_path, stamp = graph_dir / "meta.json", graph_dir / "bench_data.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    if not ("csc" in meta and meta["num_nodes"] == num_nodes and meta["feat_dim"] == feat_dim):
+    same_extra = json.loads(stamp.read_text()) == list(extra) if stamp.is_file() else not extra
+    if not ("csc" in meta and meta["num_nodes"] == num_nodes and meta["feat_dim"] == feat_dim and same_extra):
         runs = graph_dir.parent / "runs"
         shard.run(
             compose_config(
@@ -67,6 +73,7 @@ def build_graph(graph_dir: Path, num_nodes: int, avg_degree: float, feat_dim: in
             )
         )
         build_csr.run(compose_config("build_csr", [f"graph_dir={graph_dir}", f"run_dir={runs / 'csc'}"]))
+        stamp.write_text(json.dumps(list(extra)))
     meta = json.loads(meta_path.read_text())
     return {
         "graph_dir": str(graph_dir),

@@ -19,6 +19,7 @@ LAYERS = {
     "training": 3,
     "inference": 3,
     "partition": 3,
+    "dist": 3,
     "pipeline": 4,
     "stages": 5,
     "cli": 6,

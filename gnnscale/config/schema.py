@@ -211,6 +211,37 @@ class PrecisionConfig:
 PRECISION_SCHEMAS = {"fp32": PrecisionConfig, "bf16": PrecisionConfig, "fp16": PrecisionConfig}
 
 
+# ---------------------------------------------------------------- scale-out (group `dist`)
+@dataclass
+class DistConfig:
+    kind: str = "none"  # none (one process) | ddp (torchrun + DDP on this machine) | distdgl (DistDGL)
+    # ddp: processes started on this machine (under `torchrun` its --nproc_per_node decides instead)
+    nproc: int = 2
+    backend: str = "auto"  # auto = nccl on CUDA (one GPU per local rank), gloo on CPU
+    # Which training seeds each rank owns: random (nodes dealt to ranks at random) or metis (the rank's
+    # METIS part, from `gnnscale partition`, so its sampled neighbourhoods stay mostly inside it)
+    split: str = "random"
+    grad_compression: str = "none"  # none | fp16 | bf16 | powersgd (DDP communication hooks)
+    powersgd_rank: int = 8  # PowerSGD's matrix approximation rank (4 cost 1.2 accuracy points: bench_scaling)
+    powersgd_start_iter: int = 2  # vanilla all-reduce for this many steps first (PowerSGD's warm-up)
+    # K local steps between synchronisations (periodic model averaging); 1 = all-reduce every step
+    local_steps: int = 1
+    timeout_s: int = 300  # a collective waiting longer than this fails the job (a hung or lost rank)
+    master_port: int = 0  # rendezvous port on this machine; 0 = a free one
+    # ---- distdgl
+    num_trainers: int = 2  # trainer processes per machine
+    num_servers: int = 1  # DistDGL graph servers per machine
+    num_samplers: int = 0  # DistDGL sampler processes per trainer (0 = sample in the trainer)
+    ip_config: Optional[str] = None  # several machines: a file with one IP per line (one partition each)
+    part_config: Optional[str] = None  # default: graph_dir/partitions/distdgl-<P>/<name>.json
+    num_parts: int = 1  # partitions (= machines) the DistDGL graph is split into
+    # with ip_config: this machine's line in it (0-based); -1 = the line holding one of this machine's addresses
+    machine_rank: int = -1
+
+
+DIST_SCHEMAS = {"none": DistConfig, "ddp": DistConfig, "distdgl": DistConfig}
+
+
 # ---------------------------------------------------------------- stages
 @dataclass
 class ShardOptions:
@@ -357,6 +388,7 @@ class TrainStageConfig(StageBase):
     model: Any = MISSING
     sampler: Any = MISSING
     precision: Any = MISSING
+    dist: Any = MISSING
     train: TrainOptions = field(default_factory=TrainOptions)
 
 
@@ -410,6 +442,7 @@ GROUP_SCHEMAS = {
     "model": MODEL_SCHEMAS,
     "sampler": SAMPLER_SCHEMAS,
     "precision": PRECISION_SCHEMAS,
+    "dist": DIST_SCHEMAS,
 }
 
 _registered = False

@@ -30,12 +30,15 @@ from gnnscale.utils.memory import MemorySampler
 from gnnscale.utils.ui import info
 
 METHODS = ("metis", "random")
+# `gnnscale partition` also writes DistDGL's layout (gnnscale/dist/distdgl/partition.py); the node
+# assignments this module makes (Cluster-GCN's clusters) are METIS or random only.
+STAGE_METHODS = (*METHODS, "distdgl")
 
 
-def check_method(method: str, key: str = "partition.method") -> str:
-    if method not in METHODS:
+def check_method(method: str, key: str = "partition.method", methods: tuple = METHODS) -> str:
+    if method not in methods:
         raise ConfigError(
-            f"{key}={method!r} is not a partition method", f"choose one of {', '.join(METHODS)}"
+            f"{key}={method!r} is not a partition method", f"choose one of {', '.join(methods)}"
         )
     return method
 

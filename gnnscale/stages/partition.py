@@ -1,10 +1,11 @@
-"""`gnnscale partition`: graph_dir CSC -> graph_dir/partitions/<method>-<k>/ (assignment.npy, report.json)."""
+"""`gnnscale partition`: graph_dir CSC -> graph_dir/partitions/<method>-<k>/ (assignment.npy, report.json;
+with partition.method=distdgl also DistDGL's layout, made by gnnscale/dist/distdgl/partition.py)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from gnnscale.partition import check_method, current_report, make_partition, resolve_num_parts
+from gnnscale.partition import STAGE_METHODS, check_method, current_report, make_partition, resolve_num_parts
 from gnnscale.stages.common import metered
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.graph_dir import GraphDir
@@ -17,22 +18,21 @@ PER_PART = ("nodes_per_part", "edges_per_part", "train_nodes_per_part")
 
 def run(cfg: DictConfig) -> dict:
     opts = cfg.partition
-    method = check_method(opts.method)
+    method = check_method(opts.method, methods=STAGE_METHODS)
     graph = GraphDir(cfg.graph_dir)
-    num_parts = resolve_num_parts(opts.num_parts, graph.num_nodes)
+    resolve, current, make = _makers(method)
+    num_parts = resolve(opts.num_parts, graph.num_nodes)
     open_csc(graph)  # no CSC: "run gnnscale build-csr first", before a run folder is made
     run_dir = make_run_dir(cfg, "partition")
     folder = partition_dir(graph, method, num_parts)
-    report = None if cfg.overwrite else current_report(graph, method, num_parts, opts.balance_train)
+    report = None if cfg.overwrite else current(graph, method, num_parts, opts.balance_train)
     reused = report is not None
     with metered() as meter:
         if reused:
             info(f"partition: {folder} is up to date, reused (overwrite=true makes it again)")
         else:
             info(f"partition: {method} into {num_parts:,} parts ({graph.num_nodes:,} nodes)")
-            _, report = make_partition(
-                graph, method, num_parts, cfg.seed, opts.memory_budget, opts.balance_train
-            )
+            _, report = make(graph, method, num_parts, cfg.seed, opts.memory_budget, opts.balance_train)
     summary = {
         "stage": "partition",
         "graph_dir": str(cfg.graph_dir),
@@ -46,6 +46,20 @@ def run(cfg: DictConfig) -> dict:
     info(f"summary: {run_dir / 'summary.json'}")
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+def _makers(method: str):
+    """(num_parts check, current report, maker) of a method: DistDGL's layout has its own (one part per
+    machine, no default count), imported only when asked for."""
+    if method == "distdgl":
+        from gnnscale.dist.distdgl.partition import (
+            check_num_parts,
+            current_distdgl_report,
+            make_distdgl_partition,
+        )
+
+        return check_num_parts, current_distdgl_report, make_distdgl_partition
+    return resolve_num_parts, current_report, make_partition
 
 
 def _rows(r: dict, reused: bool) -> dict:

@@ -14,6 +14,9 @@ from typing import Callable
 import torch
 from omegaconf import DictConfig
 
+from gnnscale.dist.ddp import launched, local_rank, local_world, start_sync
+from gnnscale.dist.launch import check_ddp_cfg, launch_ranks
+from gnnscale.dist.split import dist_summary, rank_budget, rank_share
 from gnnscale.errors import MemoryBudgetError
 from gnnscale.sampling import set_sampling_threads
 from gnnscale.stages.common import cpu_count, metered
@@ -29,38 +32,59 @@ from gnnscale.training.phases import resolve_epochs, resolve_phases, uses_phases
 from gnnscale.training.precision import Precision
 from gnnscale.training.report import summary_rows, train_summary
 from gnnscale.training.resume import clear_previous_run, settle_run_dir
+from gnnscale.training.sync import Sync
 from gnnscale.utils.memlimit import resolve_budget
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 
 def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> dict:
+    if cfg.dist.kind == "distdgl":
+        from gnnscale.dist.distdgl import run_train
+
+        return run_train(cfg)
     check_train_cfg(cfg)
     cfg = resolve_epochs(cfg)  # train.phases given: the run's epochs are theirs (config.yaml records it)
-    cfg, resume_dir = settle_run_dir(cfg)
-    threads = _setup_process(cfg)
+    device = pick_device(cfg.train.device)
+    if cfg.dist.kind == "ddp":
+        check_ddp_cfg(cfg.dist, device.type)
+        if not launched():  # `gnnscale train dist=ddp`: start the ranks; each runs this function again
+            return launch_ranks(cfg, run)
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank())
+            torch.cuda.set_device(device)
+    sync = start_sync(cfg.dist, device)
+    try:
+        return _train(cfg, sync, device, on_epoch_end)
+    finally:
+        sync.close()
+
+
+def _train(cfg: DictConfig, sync: Sync, device, on_epoch_end) -> dict:
+    cfg, resume_dir = sync.agree(lambda: settle_run_dir(cfg, name_it=sync.world > 1))
+    threads = _setup_process(cfg, sync)
     data = load_train_data(cfg.graph_dir)  # features memory-mapped until the memory plan says otherwise
     cfg, few_labels = _few_labels(cfg, len(data.splits["train"]))
-    t = cfg.train
-    device = pick_device(t.device)
     precision = Precision(cfg.precision.dtype, device)
     existed = bool(cfg.get("run_dir")) and Path(cfg.run_dir).exists()
     run_dir = make_run_dir(cfg, "train")
-    samplers = build_samplers(cfg, data, run_dir / SAMPLER_CACHE)
-    memory = _plan_memory(cfg, data, device, samplers, fresh=None if existed else run_dir)
-    task = build_task("node", t, data, device)
+    data, rank_callbacks, all_train = rank_share(cfg, data, sync)
+    samplers = sync.rank_zero_first(lambda: build_samplers(cfg, data, run_dir / SAMPLER_CACHE))
+    memory = _plan_memory(cfg, data, device, samplers, None if existed else run_dir, sync)
+    task = build_task("node", cfg.train, data, device)
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
-        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end)
+        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end, sync) + rank_callbacks
         peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
         trainer = build_trainer(
-            cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss
-        )
+            cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss,
+            sync, all_train,
+        )  # fmt: skip
         if resume_dir is not None:
             same = trainer.restore()
             note = "" if same else " (its config differs from this one in settings other than the model)"
             info(f"resuming {run_dir} after epoch {trainer.resumed_from}{note}")
-        info(_header(cfg, data, precision, device, trainer))
+        info(_header(cfg, data, precision, device, trainer, sync))
         info(memory.line())
         try:
             result = trainer.fit()
@@ -77,18 +101,21 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
         prefetch=memory.prefetch,
         few_labels_applied=few_labels,
         memory_plan=memory.as_dict(),
+        **({"dist": dist_summary(cfg.dist, sync)} if sync.world > 1 else {}),
         **meter.stats(),
     )
-    write_summary(run_dir, summary)
-    summary_table(f"train: {cfg.model.arch} on {data.name} -> {run_dir}", summary_rows(summary))
-    info(f"summary: {run_dir / 'summary.json'}   checkpoint: {summary['checkpoint']}")
+    if sync.rank == 0:
+        write_summary(run_dir, summary)
+        summary_table(f"train: {cfg.model.arch} on {data.name} -> {run_dir}", summary_rows(summary))
+        info(f"summary: {run_dir / 'summary.json'}   checkpoint: {summary['checkpoint']}")
     return {**summary, "run_dir": str(run_dir)}
 
 
-def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end) -> list:
-    """The console progress, the health diagnostics (train.diagnostics) and the caller's epoch hook."""
+def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync) -> list:
+    """The console progress, the health diagnostics (train.diagnostics, rank 0's batches) and the caller's
+    epoch hook."""
     callbacks = [ConsoleProgress(bar, int(cfg.train.epochs), metric)]
-    diagnostics = build_diagnostics(cfg, data, metric)
+    diagnostics = build_diagnostics(cfg, data, metric) if sync.rank == 0 else None
     if diagnostics is not None:
         callbacks.append(diagnostics)
     if on_epoch_end is not None:
@@ -96,22 +123,22 @@ def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end) -> list:
     return callbacks
 
 
-def _setup_process(cfg: DictConfig) -> int:
+def _setup_process(cfg: DictConfig, sync: Sync) -> int:
     keep_heap_warm()
-    threads = int(cfg.train.num_threads) or cpu_count()
+    threads = int(cfg.train.num_threads) or max(1, cpu_count() // local_world())  # ranks share the cores
     torch.set_num_threads(threads)
     set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
     return threads
 
 
-def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | None):
+def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | None, sync: Sync):
     """The memory plan (exit 2 when nothing fits, leaving no new run_dir behind), its decisions said,
-    the features placed as decided."""
-    budget = resolve_budget(cfg.train.memory_budget, "train.memory_budget")
+    the features placed as decided. The ranks on one machine share its budget."""
+    budget = rank_budget(resolve_budget(cfg.train.memory_budget, "train.memory_budget"), sync)
     try:
         memory, decisions = preflight(cfg, data, device, budget, samplers)
     except MemoryBudgetError:
-        if fresh is not None:  # created by this run a moment ago: nothing of the user's is in it
+        if fresh is not None and sync.rank == 0:  # made by this run a moment ago: nothing of the user's
             shutil.rmtree(fresh, ignore_errors=True)
         raise
     for line in decisions:
@@ -135,10 +162,13 @@ def _few_labels(cfg: DictConfig, num_train: int) -> tuple[DictConfig, dict]:
     return cfg, applied
 
 
-def _header(cfg: DictConfig, data, precision, device, trainer) -> str:
+def _header(cfg: DictConfig, data, precision, device, trainer, sync: Sync) -> str:
     num_params = sum(p.numel() for p in trainer.model.parameters())
+    seeds = f"{len(data.splits['train']):,} train seeds" + (
+        f" per rank x {sync.world}" if sync.world > 1 else ""
+    )
     return (
-        f"train: {data.name} ({data.graph.num_nodes:,} nodes, {len(data.splits['train']):,} train seeds) · "
+        f"train: {data.name} ({data.graph.num_nodes:,} nodes, {seeds}) · "
         f"{cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden} · {_formation(cfg.sampler)} · "
         f"batch {cfg.train.batch_size} · {precision.name} on {device.type} · features {data.feature_cache} · "
         f"{num_params:,} params"

@@ -37,15 +37,18 @@ def config_hash(node) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def new_run_path(stage: str) -> Path:
+    """runs/<stage>/<timestamp>, suffixed -1, -2 ... when taken (not created)."""
+    base = RUNS_ROOT / stage / datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, k = base, 1
+    while run_dir.exists():
+        run_dir, k = Path(f"{base}-{k}"), k + 1
+    return run_dir
+
+
 def make_run_dir(cfg: DictConfig, stage: str) -> Path:
     """cfg.run_dir if set, else runs/<stage>/<timestamp>; created with the resolved config inside."""
-    if cfg.get("run_dir"):
-        run_dir = Path(cfg.run_dir)
-    else:
-        base = RUNS_ROOT / stage / datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir, k = base, 1
-        while run_dir.exists():
-            run_dir, k = Path(f"{base}-{k}"), k + 1
+    run_dir = Path(cfg.run_dir) if cfg.get("run_dir") else new_run_path(stage)
     if is_rank_zero():
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(run_dir / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))

@@ -23,6 +23,7 @@ largest) for the whole run.
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections import deque
@@ -91,11 +92,16 @@ class BatchStream:
             else None
         )
         self._len = num_batches
+        self._limit: int | None = None
 
     def __len__(self) -> int:
         if self._len is None:
             self._len = len(self.make_loader())
-        return self._len
+        return self._len if self._limit is None else min(self._len, self._limit)
+
+    def limit(self, num_batches: int) -> None:
+        """At most num_batches per pass (data-parallel ranks must all run the same number)."""
+        self._limit = int(num_batches)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -120,6 +126,8 @@ class BatchStream:
             # workers or not; gnnscale sizes its threads itself (train.num_threads).
             warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
             it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
+        if self._limit is not None:
+            it = itertools.islice(it, self._limit)
         pending: deque = deque()
         exhausted = False
         try:

@@ -26,6 +26,7 @@ from gnnscale.training.memory_plan import (
 from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
+from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
 
@@ -126,10 +127,17 @@ def preflight(
 
 
 def build_streams(
-    cfg: DictConfig, data: TrainData, device: torch.device, prefetch: int, samplers: dict
+    cfg: DictConfig,
+    data: TrainData,
+    device: torch.device,
+    prefetch: int,
+    samplers: dict,
+    sync: Sync = SINGLE,
+    all_train: torch.Tensor | None = None,
 ) -> dict:
     """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones.
-    "train" is a list, one stream per phase (train.phases; one without), its batch size and sampler."""
+    "train" is a list, one stream per phase (train.phases; one without), its batch size and sampler.
+    Under data parallelism `data` holds this rank's splits, all_train every training node."""
     t = cfg.train
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = _eval_batch_size(t)
@@ -157,14 +165,23 @@ def build_streams(
         )
 
     phases = resolve_phases(cfg)
-    return {
-        "train": [
-            stream("train", True, sampler, phase.batch_size)
-            for phase, sampler in zip(phases, samplers["train"], strict=True)
-        ],
-        "val": stream("val", False),
-        "test": stream("test", False),
-    }
+    train = [
+        stream("train", True, sampler, phase.batch_size)
+        for phase, sampler in zip(phases, samplers["train"], strict=True)
+    ]
+    if sync.world > 1:
+        for s, phase, sampler in zip(train, phases, samplers["train"], strict=True):
+            single = len(build_loader(data.g, all_train, sampler, phase.batch_size, shuffle=False))
+            equal_batches(s, single, sync)
+    return {"train": train, "val": stream("val", False), "test": stream("test", False)}
+
+
+def equal_batches(stream: BatchStream, single: int, sync: Sync) -> None:
+    """Every rank runs the same number of batches (a rank with fewer would leave the others waiting in
+    an all-reduce), and together about as many as one process would (`single`): a subgraph formation
+    (Cluster-GCN, SAINT) draws its batches from the whole graph whatever seeds a rank owns."""
+    share = -(-single // sync.world)
+    stream.limit(int(-sync.max([-min(len(stream), share)])[0]))
 
 
 def build_trainer(
@@ -178,13 +195,15 @@ def build_trainer(
     samplers: dict,
     callbacks: Sequence[Callback] = (),
     peak_rss_mb: Callable[[], float | None] = lambda: None,
+    sync: Sync = SINGLE,
+    all_train: torch.Tensor | None = None,
 ) -> Trainer:
     t = cfg.train
     reseed(int(cfg.seed))  # the initial weights: the same for the same seed
     model = task.build_model(cfg.model, data.feat_dim).to(device)
     signature = model_signature(cfg.model, data.feat_dim, data.num_classes)
     optimizer = build_optimizer(model.parameters(), t)
-    streams = build_streams(cfg, data, device, prefetch, samplers)
+    streams = build_streams(cfg, data, device, prefetch, samplers, sync, all_train)
     phases = resolve_phases(cfg)
     steps = epoch_steps(phases, [len(s) for s in streams["train"]])
     scheduler = build_scheduler(optimizer, steps, t)
@@ -216,4 +235,5 @@ def build_trainer(
         identity,
         callbacks,
         peak_rss_mb,
+        sync,
     )

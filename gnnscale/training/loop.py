@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from gnnscale.training.sync import SINGLE, Sync
+
 TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")
 
 
@@ -40,9 +42,14 @@ def train_epoch(
     input_dropout: float = 0.0,
     on_batch: Callable[[BatchEnd], None] | None = None,
     grad_norm: bool = False,
+    sync: Sync = SINGLE,
 ) -> dict:
-    """grad_norm: hand on_batch the gradient norm (free when clipping: clip_grad_norm_ returns it)."""
+    """grad_norm: hand on_batch the gradient norm (free when clipping: clip_grad_norm_ returns it).
+    sync: the other processes of a data-parallel run; the returned loss, accuracy and seeds are theirs
+    summed, the epoch time the slowest one's."""
     model.train()
+    net = sync.forward_module(model)
+    num_batches = len(stream)
     params = [p for p in model.parameters() if p.requires_grad]
     scaler = precision.scaler
     t = dict.fromkeys(TIME_SPLIT, 0.0)
@@ -51,14 +58,16 @@ def train_epoch(
     cpu_start = time.process_time()
     for b in stream:
         t0 = time.perf_counter()
+        last = steps + 1 == num_batches
         # Input dropout lives here, not in the model: it is the identity at inference anyway.
         x = F.dropout(b.x, input_dropout, training=True) if input_dropout > 0 else b.x
-        with precision.autocast():
-            out = model(b.layers(model.num_layers), x)
-        loss = task.loss(out, b)
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
+        with sync.step(last):
+            with precision.autocast():
+                out = net(b.layers(model.num_layers), x)
+            loss = task.loss(out, b)
+            t1 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
         t2 = time.perf_counter()
         norm = None
         if grad_clip > 0:
@@ -69,6 +78,7 @@ def train_epoch(
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
+        sync.after_step(last)
         t3 = time.perf_counter()
         n = task.num_scored(b)
         batch_loss = float(loss.detach())
@@ -91,6 +101,10 @@ def train_epoch(
             on_batch(BatchEnd(steps, batch_loss, n, times, b.y, b.input_nodes, gn))
         t_prev = time.perf_counter()
     wall = time.perf_counter() - t_start
+    if sync.world > 1:
+        loss_sum, correct, seen = sync.sum([loss_sum, correct, seen])
+        seen = int(seen)
+        wall = sync.max([wall])[0]
     return {
         "loss": loss_sum / max(seen, 1),
         "train_acc": correct / max(seen, 1),
@@ -113,8 +127,9 @@ def _grad_norm(params) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, stream, task, precision) -> dict:
-    """The task's metrics over one pass of `stream` (a split), plus the pass's time."""
+def evaluate(model, stream, task, precision, sync: Sync = SINGLE) -> dict:
+    """The task's metrics over one pass of `stream` (a split; under data parallelism this process's
+    share of it, every process's results gathered before scoring), plus the pass's time."""
     t0 = time.perf_counter()
     model.eval()
     collected = []
@@ -122,5 +137,6 @@ def evaluate(model, stream, task, precision) -> dict:
         with precision.autocast():
             out = model(b.layers(model.num_layers), b.x)
         collected.append(task.collect(out, b))
+    collected = sync.gather(collected)
     scores = task.score(collected)
     return {**scores, "time_s": time.perf_counter() - t0 if collected else 0.0}

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.errors import ConfigError, DataError
-from gnnscale.storage.run_dir import CHECKPOINTS, METRICS, checkpoint_file, newest_run
+from gnnscale.storage.run_dir import CHECKPOINTS, METRICS, checkpoint_file, new_run_path, newest_run
 from gnnscale.utils.ui import is_rank_zero
 
 
@@ -40,9 +40,10 @@ def resolve_resume(cfg: DictConfig) -> Path | None:
     return folder
 
 
-def settle_run_dir(cfg: DictConfig) -> tuple[DictConfig, Path | None]:
+def settle_run_dir(cfg: DictConfig, name_it: bool = False) -> tuple[DictConfig, Path | None]:
     """(cfg with run_dir set to the run being resumed, that run or None); refuses to start a second
-    run in a run_dir that holds one unless overwrite=true."""
+    run in a run_dir that holds one unless overwrite=true. name_it: a new run gets its folder name now
+    (the processes of a multi-process run must all use the one rank 0 picked)."""
     resume_dir = resolve_resume(cfg)
     if resume_dir is not None:
         return OmegaConf.merge(cfg, {"run_dir": str(resume_dir)}), resume_dir
@@ -51,6 +52,8 @@ def settle_run_dir(cfg: DictConfig) -> tuple[DictConfig, Path | None]:
             f"run_dir '{cfg.run_dir}' already holds a training run",
             "pass train.resume=true to continue it, overwrite=true to start it again, or choose another run_dir",
         )
+    if name_it and not cfg.get("run_dir"):
+        cfg = OmegaConf.merge(cfg, {"run_dir": str(new_run_path("train"))})
     return cfg, None
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 
-def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
-    """A per-epoch seed: epoch k draws the same randomness whether or not the run was resumed."""
-    return int(
-        np.random.SeedSequence([int(seed), int(epoch), int(stream)]).generate_state(1)[0] % (2**31 - 1)
-    )
+def epoch_seed(seed: int, epoch: int, stream: int = 0, rank: int = 0) -> int:
+    """A per-epoch seed: epoch k draws the same randomness whether or not the run was resumed. Each rank
+    of a data-parallel run draws its own (rank 0 the single-process run's)."""
+    entropy = [int(seed), int(epoch), int(stream)] + ([int(rank)] if rank else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] % (2**31 - 1))
 
 
 def reseed(seed: int) -> None:

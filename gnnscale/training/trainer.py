@@ -30,6 +30,7 @@ from gnnscale.tasks.metrics import finite_or_none
 from gnnscale.training.loop import BatchEnd, evaluate, train_epoch
 from gnnscale.training.phases import Phase, phase_of
 from gnnscale.training.seeding import epoch_seed, reseed, rng_state, set_rng_state
+from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.utils.ui import info, is_rank_zero
 
 # Seed streams of an epoch: training uses stream 0, validation 1; the final val / test passes 2 and 3.
@@ -96,8 +97,9 @@ class Trainer:
         identity: dict,  # what the checkpoint says the weights are: signature, model_cfg, graph, config_hash
         callbacks: Sequence[Callback] = (),
         peak_rss_mb: Callable[[], float | None] = lambda: None,
+        sync: Sync = SINGLE,
     ):
-        self.model, self.task = model, task
+        self.model, self.task, self.sync = model, task, sync
         self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
         self.streams, self.run_dir, self.s = streams, Path(run_dir), settings
         self.identity = identity
@@ -142,7 +144,9 @@ class Trainer:
         self.start_epoch = self.resumed_from + 1
         self.best_val, self.best_epoch = float(ckpt["best_val"]), int(ckpt["best_epoch"])
         self.stopped = bool(ckpt.get("stopped", False))
-        truncate_metrics(self.run_dir, self.resumed_from)
+        if is_rank_zero():
+            truncate_metrics(self.run_dir, self.resumed_from)
+        self.sync.barrier()
         kept = read_metrics(self.run_dir)
         for cb in self.callbacks:
             cb.on_resume(kept)
@@ -175,8 +179,8 @@ class Trainer:
             return True
         if epoch % self.s.eval_every and epoch != self.s.epochs:
             return False
-        reseed(epoch_seed(self.s.seed, epoch, _EVAL_STREAM))
-        val = evaluate(self.model, self.streams["val"], self.task, self.precision)
+        reseed(self._seed(epoch, _EVAL_STREAM))
+        val = evaluate(self.model, self.streams["val"], self.task, self.precision, self.sync)
         record.update(
             {
                 f"val_{metric}": finite_or_none(val[metric]),
@@ -189,8 +193,11 @@ class Trainer:
             self.best_val, self.best_epoch = float(val[metric]), epoch
         return better
 
+    def _seed(self, epoch: int, stream: int = 0) -> int:
+        return epoch_seed(self.s.seed, epoch, stream, self.sync.rank)
+
     def _epoch(self, epoch: int) -> dict:
-        reseed(epoch_seed(self.s.seed, epoch))
+        reseed(self._seed(epoch))
         phase = self.phase(epoch)
         self._say_phase(epoch, phase)
         stream = self.train_stream(epoch)
@@ -212,6 +219,7 @@ class Trainer:
             self.s.input_dropout,
             on_batch if self.callbacks else None,
             grad_norm=any(cb.wants_grad_norm for cb in self.callbacks),
+            sync=self.sync,
         )
         record = {
             "epoch": epoch,
@@ -228,6 +236,7 @@ class Trainer:
                 "steps": stats["steps"],
                 "peak_rss_mb": round(peak, 1) if peak is not None else None,
                 "best": improved,
+                **self.sync.epoch_stats(),
             }
         )
         device = next(self.model.parameters()).device
@@ -246,6 +255,7 @@ class Trainer:
             if improved:
                 save_checkpoint(checkpoint_file(self.run_dir, BEST), state)
             save_checkpoint(checkpoint_file(self.run_dir, LAST), state)
+        self.sync.barrier()  # no rank reads best.pt / last.pt before rank 0 has written them
         return record
 
     def _should_stop(self, epoch: int, phase: Phase | None) -> bool:
@@ -280,14 +290,14 @@ class Trainer:
         if best.is_file():
             self.model.load_state_dict(read_checkpoint(best)["model"])
         # Scored under fixed seeds: the same after any resume.
-        reseed(epoch_seed(self.s.seed, 0, _TEST_STREAM))
+        reseed(self._seed(0, _TEST_STREAM))
         val = (
-            evaluate(self.model, self.streams["val"], self.task, self.precision)
+            evaluate(self.model, self.streams["val"], self.task, self.precision, self.sync)
             if self.has_val
             else {self.task.metric: float("nan")}
         )
-        reseed(epoch_seed(self.s.seed, 0, _TEST_STREAM + 1))
-        test = evaluate(self.model, self.streams["test"], self.task, self.precision)
+        reseed(self._seed(0, _TEST_STREAM + 1))
+        test = evaluate(self.model, self.streams["test"], self.task, self.precision, self.sync)
         return FitResult(
             records=read_metrics(self.run_dir) or history,
             best_val=self.best_val,
