@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.gnnscale-installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling clean
+.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "}; /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install gnnscale (editable, dev extras); quick when done already
 
-demo: $(STAMP) ## Run the whole pipeline (shard, build-csr, train, infer) on the built-in synthetic graph
+demo: $(STAMP) ## Run the whole pipeline (shard, build-csr, train, infer) on the built-in synthetic graph, then its profile plan
 	$(BIN)/gnnscale pipeline
+	$(BIN)/gnnscale profile
 
 test: $(STAMP) ## Run the test suite (tiny graphs, CPU, a few minutes)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -28,7 +29,7 @@ lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check gnnscale tests scripts
 	$(BIN)/ruff format --check gnnscale tests scripts
 
-bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling ## Run every benchmark (large: see scripts/bench_*.py)
+bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile ## Run every benchmark (large: see scripts/bench_*.py)
 
 bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
 	$(BIN)/python scripts/bench_storage.py
@@ -56,6 +57,9 @@ bench-cluster-gcn: $(STAMP) ## sampler=cluster_gcn vs DGL's Cluster-GCN recipe, 
 
 bench-scaling: $(STAMP) ## 1 vs 2 processes (DDP), each gradient compression, local steps, METIS split, 500k nodes
 	$(BIN)/python scripts/bench_scaling.py
+
+bench-profile: $(STAMP) ## gnnscale profile's predicted memory vs real train runs (50k-500k synthetic, Cora)
+	$(BIN)/python scripts/bench_profile.py
 
 clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)
 	rm -rf graphs runs outputs bench/tmp

@@ -103,6 +103,30 @@ def partition_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     _run("partition", ctx.args, cfg)
 
 
+@app.command("profile", context_settings=_EXTRA)
+def profile_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """Before a long run: will it fit, how big is a batch, where does the time go, which formation?
+
+    The plan (always, no training): full-graph training memory term by term, sampled nodes / edges per
+    layer (worst case and measured with overlap), per-batch memory, the largest batch size and fanouts
+    that fit, and the recommended formation with the numbers that decided it. Writes profile.json and
+    PNG plots into the run folder. The model, sampler and train.* keys are train's.
+
+    [bold]Examples[/bold]
+
+      gnnscale profile graph_dir=graphs/syn500k                        [dim]# the plan[/dim]
+
+      gnnscale profile graph_dir=graphs/syn500k +exp=sage_3hop profile.memory_budget=8GB
+
+      gnnscale profile graph_dir=graphs/syn500k profile.measure=true   [dim]# + timed steps vs the gather / matmul bounds[/dim]
+
+      gnnscale profile graph_dir=graphs/cora profile.compare_samplers=true   [dim]# 1 epoch of every formation[/dim]
+
+      gnnscale profile profile.num_nodes=1e9 profile.avg_degree=50     [dim]# a graph described, not read[/dim]
+    """
+    _run("profile", ctx.args, cfg)
+
+
 @app.command("train", context_settings=_EXTRA)
 def train_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     """graph_dir -> trained GNN run_dir: any formation (sampler=), checkpoints, resume.

@@ -21,6 +21,7 @@ LAYERS = {
     "partition": 3,
     "dist": 3,
     "pipeline": 4,
+    "profile": 4,
     "stages": 5,
     "cli": 6,
 }

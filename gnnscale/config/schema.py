@@ -407,6 +407,38 @@ class PartitionStageConfig(StageBase):
 
 
 @dataclass
+class ProfileOptions:
+    # What the plan must fit in: auto = 90% of the memory limit (cgroup or MemAvailable), or of the GPU's
+    # memory when train.device is cuda; or a size (64GB)
+    memory_budget: str = "auto"
+    measure: bool = False  # also time num_batches training steps (split, rates, bounds, doubling test)
+    num_batches: int = 20  # batches timed by profile.measure
+    probe_batches: int = 5  # batches sampled by the plan to count unique nodes / edges (overlap)
+    compare_samplers: bool = False  # 1-2 epochs of every formation on this graph, a table and a winner
+    compare_epochs: int = 1
+    # the formations compared; empty = every sampler preset (sampling.PRESETS)
+    samplers: List[str] = field(default_factory=list)
+    trace: bool = False  # with measure: a torch.profiler Chrome trace (trace.json) of a few batches
+    plots: bool = True  # PNGs next to profile.json (degree distribution, time split, memory)
+    # A graph described instead of read (no graph_dir needed): num_nodes > 0 plans from these numbers
+    num_nodes: float = 0  # e.g. 1e9
+    avg_degree: float = 0.0
+    feat_dim: int = 128
+    num_classes: int = 16
+    train_fraction: float = 0.6
+
+
+@dataclass
+class ProfileStageConfig(StageBase):
+    model: Any = MISSING
+    sampler: Any = MISSING
+    precision: Any = MISSING
+    dist: Any = MISSING
+    train: TrainOptions = field(default_factory=TrainOptions)
+    profile: ProfileOptions = field(default_factory=ProfileOptions)
+
+
+@dataclass
 class PipelineStageConfig(TrainStageConfig):
     """The train keys plus every other stage's options; the pipeline hands each stage only its own."""
 
@@ -434,6 +466,7 @@ STAGE_SCHEMAS = {
     "pipeline": PipelineStageConfig,
     "train": TrainStageConfig,
     "infer": InferStageConfig,
+    "profile": ProfileStageConfig,
 }
 
 # group -> option -> schema; each configs/<group>/<option>.yaml lists `<option>_schema` first.

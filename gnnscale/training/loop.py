@@ -53,7 +53,7 @@ def train_epoch(
     params = [p for p in model.parameters() if p.requires_grad]
     scaler = precision.scaler
     t = dict.fromkeys(TIME_SPLIT, 0.0)
-    loss_sum, correct, seen, steps = 0.0, 0, 0, 0
+    loss_sum, correct, seen, steps, input_rows = 0.0, 0, 0, 0, 0
     t_start = t_prev = time.perf_counter()
     cpu_start = time.process_time()
     for b in stream:
@@ -86,6 +86,7 @@ def train_epoch(
         correct += task.correct(out, b)
         seen += n
         steps += 1
+        input_rows += len(b.input_nodes)
         times = {
             "sample_s": b.sample_s,
             "gather_s": b.gather_s,
@@ -114,6 +115,7 @@ def train_epoch(
         # CPU seconds of every thread of the process: the work done, whatever else the machine was doing.
         "epoch_cpu_s": time.process_time() - cpu_start,
         "seeds_per_s": seen / max(wall, 1e-9),
+        "input_nodes_per_batch": input_rows / max(steps, 1),  # this process's batches
         **t,
     }
 

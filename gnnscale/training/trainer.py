@@ -234,6 +234,7 @@ class Trainer:
             {
                 "seeds_per_s": round(stats["seeds_per_s"], 1),
                 "steps": stats["steps"],
+                "input_nodes_per_batch": round(stats["input_nodes_per_batch"], 1),
                 "peak_rss_mb": round(peak, 1) if peak is not None else None,
                 "best": improved,
                 **self.sync.epoch_stats(),
