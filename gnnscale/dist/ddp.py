@@ -69,6 +69,7 @@ class DDPSync(Sync):
             ids = [self.device.index] if self.device.type == "cuda" else None
             # No buffers to broadcast in gnnscale's models; skipping it saves a collective per forward.
             self._ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+            self._params = list(model.parameters())
             register_hook(
                 self._ddp,
                 self.cfg.grad_compression,
@@ -91,12 +92,11 @@ class DDPSync(Sync):
         if self.local_steps > 1 and (self._step % self.local_steps == 0 or last):
             from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
-            params = list(self._ddp.module.parameters())
-            average_parameters(iter(params), self.dist.group.WORLD)  # one flat all-reduce
+            average_parameters(iter(self._params), self.dist.group.WORLD)  # one flat all-reduce
             self.meter.calls += 1
             self.meter.rounds += 1
-            self.meter.bytes += param_bytes(params)
-            self.meter.bytes_fp32 += param_bytes(params)
+            self.meter.bytes += param_bytes(self._params)
+            self.meter.bytes_fp32 += param_bytes(self._params)
         if last:
             self._step = 0
 

@@ -25,6 +25,7 @@ torch.autograd.graph.saved_tensors_hooks on GraphConv and SAGEConv, CPU, fp32), 
 
 from __future__ import annotations
 
+from gnnscale.models import build_model
 from gnnscale.profile.minibatch import TRAINER_OVERHEAD
 from gnnscale.profile.stats import GraphStats
 
@@ -38,27 +39,10 @@ BACKWARD_LIVE = 2  # hidden-sized gradients alive at once during backward
 MMAP_THRESHOLD = 32 << 20
 
 
-def _dims(model_cfg, stats: GraphStats) -> list[int]:
-    layers = int(model_cfg.num_layers)
-    return [stats.feat_dim] + [int(model_cfg.hidden)] * (layers - 1) + [stats.num_classes]
-
-
-def _num_params(arch: str, dims: list[int], norm: str, aggregator: str) -> int:
-    """Weights and biases: SAGE has a self and a neighbour projection (pool adds one more), GCN one."""
-    total = 0
-    for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
-        if arch == "sage":
-            # the gcn aggregator has no self projection
-            total += (1 if aggregator == "gcn" else 2) * d_in * d_out + d_out
-            if aggregator == "pool":
-                total += d_in * d_in + d_in
-            elif aggregator == "lstm":
-                total += 4 * (2 * d_in * d_in + 2 * d_in)
-        else:
-            total += d_in * d_out + d_out
-    if norm in ("batch", "layer"):
-        total += 2 * sum(dims[1:-1])
-    return total
+def _model_sizes(model_cfg, stats: GraphStats) -> tuple[list[int], int]:
+    """(in_dim, hidden..., classes) and the parameter count, read off the model train would build."""
+    model = build_model(model_cfg, stats.feat_dim, stats.num_classes)
+    return list(model.dims), sum(p.numel() for p in model.parameters())
 
 
 def layer_activations(arch: str, dims: list[int], norm: str, dropout: float) -> list[dict]:
@@ -100,7 +84,7 @@ def full_graph_memory(
     mapped_now_bytes: the file pages this process has mapped (libraries), for the RSS figure."""
     n, e = stats.num_nodes, stats.num_edges
     arch, norm = str(model_cfg.arch), str(model_cfg.norm or "none")
-    dims = _dims(model_cfg, stats)
+    dims, params = _model_sizes(model_cfg, stats)
     # Each step's tensors (name -> sizes of its tensors); held ones (features, buffers, graph) apart.
     step: dict[str, list[int]] = {}
     if input_dropout > 0:
@@ -112,7 +96,6 @@ def full_graph_memory(
         layers.append({**row, "activation_bytes": sum(tensors)})
     widest = max(dims[1:])
     step["activation gradients (live during backward)"] = [n * widest * BYTES] * BACKWARD_LIVE
-    params = _num_params(arch, dims, norm, str(model_cfg.aggregator))
     terms = {
         "process baseline (measured now)": int(baseline_bytes),
         "trainer overhead (measured constant)": TRAINER_OVERHEAD,

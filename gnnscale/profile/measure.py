@@ -27,7 +27,6 @@ backward); on a GPU it runs at device-memory speed and is left out.
 from __future__ import annotations
 
 import os
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from gnnscale.training.precision import Precision
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
 from gnnscale.utils.atomic import atomic_path
-from gnnscale.utils.memory import MemorySampler
+from gnnscale.utils.memory import MemorySampler, Poller
 
 PARTS = ("sample_s", "gather_s", "transfer_s", "forward_s", "backward_s", "step_s")
 LOADER_PARTS = PARTS[:3]  # what the data path costs; the rest is compute
@@ -358,35 +357,25 @@ def _gatherer(data, buffers: FeatureBuffers):
     return gather
 
 
-class _GpuUtilisation:
+class _GpuUtilisation(Poller):
     """Mean GPU busy percent while the steps run, from torch.cuda.utilization() (NVML) polled in a thread:
     NVML only reports its last sample period, so one reading at the end would see the tail alone.
     None off a GPU or without pynvml."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.05):
-        self.device, self.interval_s = device, interval_s
+        super().__init__(interval_s)
+        self.device = device
         self.readings: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._unreadable = device.type != "cuda"
 
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.readings.append(float(torch.cuda.utilization(self.device)))
-            except Exception:  # no pynvml, or NVML refuses: no reading rather than a wrong one
-                return
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> "_GpuUtilisation":
-        if self.device.type == "cuda":
-            self._thread = threading.Thread(target=self._poll, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+    def _sample(self) -> bool:
+        if self._unreadable:
+            return False
+        try:
+            self.readings.append(float(torch.cuda.utilization(self.device)))
+        except Exception:  # no pynvml, or NVML refuses: no reading rather than a wrong one
+            self._unreadable = True
+        return not self._unreadable
 
     @property
     def mean(self) -> float | None:

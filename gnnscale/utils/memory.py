@@ -48,18 +48,45 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class MemorySampler:
+class Poller:
+    """Calls _sample() once on entry, every interval_s in a background thread, and once on exit."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> bool:
+        """One reading; False stops the polling (nothing more to read)."""
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.is_set() and self._sample() is not False:
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        if self._sample() is not False:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+
+class MemorySampler(Poller):
     """Samples RssAnon and VmRSS in a background thread; the peaks are what a stage must stay under."""
 
     def __init__(self, interval_s: float = 0.05):
-        self.interval_s = interval_s
+        super().__init__(interval_s)
         # None until a reading succeeds, and None again for good after one fails: a peak over only
         # some of the samples could be below the real one.
         self.peak_anon_mb: float | None = None
         self.peak_rss_mb: float | None = None
         self._failed = {"anon": False, "rss": False}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _peak(self, key: str, peak: float | None, value: float | None) -> float | None:
         if value is None:
@@ -68,23 +95,7 @@ class MemorySampler:
             return None
         return value if peak is None else max(peak, value)
 
-    def _sample(self) -> None:
+    def _sample(self) -> bool:
         self.peak_anon_mb = self._peak("anon", self.peak_anon_mb, rss_anon_mb())
         self.peak_rss_mb = self._peak("rss", self.peak_rss_mb, rss_mb())
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> "MemorySampler":
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
+        return True

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gnnscale.errors import DataError, GnnscaleError
+from gnnscale.training.loop import TIME_SPLIT
 
 RESULT = "distdgl_result.json"
 LAYERS_DIR = "distdgl_layers"
@@ -127,24 +128,18 @@ class Parts:
     """What the epochs share: the model (and its DDP wrapper), optimizer, schedule, loaders."""
 
     def evaluate(self, split: str) -> dict:
-        from gnnscale.dist.distdgl.loop import evaluate
+        from gnnscale.dist.distdgl.loop import DistBatches
+        from gnnscale.training.loop import evaluate
 
-        return evaluate(
-            self.model,
-            self.g,
-            self.loaders[split],
-            self.precision,
-            self.metric,
-            self.num_classes,
-            self.class_weight,
-        )
+        return evaluate(self.model, DistBatches(self.g, self.loaders[split]), self.task, self.precision, self.sync)
 
 
 def build(cfg, g, job: dict, rank: int, world: int) -> Parts:
     import dgl
-    from torch.nn.parallel import DistributedDataParallel
 
+    from gnnscale.dist.ddp import DDPSync
     from gnnscale.models import build_model
+    from gnnscale.tasks.node import NodeClassification
     from gnnscale.training.precision import Precision
     from gnnscale.training.schedule import build_optimizer, build_scheduler
     from gnnscale.training.seeding import reseed
@@ -153,10 +148,12 @@ def build(cfg, g, job: dict, rank: int, world: int) -> Parts:
     p = Parts()
     p.g, p.metric, p.num_classes = g, str(t.metric), int(job["num_classes"])
     weight = job.get("class_weight")
-    p.class_weight = torch.tensor(weight, dtype=torch.float32) if weight else None
+    class_weight = torch.tensor(weight, dtype=torch.float32) if weight else None
+    p.task = NodeClassification(p.num_classes, p.metric, class_weight)
     reseed(int(cfg.seed))  # the single-process trainer's initial weights for the same seed
     p.model = build_model(cfg.model, int(job["feat_dim"]), p.num_classes)
-    p.ddp = DistributedDataParallel(p.model)
+    p.sync = DDPSync(cfg.dist, torch.device("cpu"))  # the trainers' gloo group, joined by main()
+    p.sync.forward_module(p.model)  # DDP's wrapper, made now: every trainer builds it at the same point
     p.precision = Precision(cfg.precision.dtype, torch.device("cpu"))
     pb = g.get_partition_book()
     seeds = equal_share(
@@ -195,7 +192,7 @@ def build(cfg, g, job: dict, rank: int, world: int) -> Parts:
     p.has_val = (
         int(n_val) > 0
     )  # no validation split: the latest weights are the best known (as in one process)
-    p.optimizer = build_optimizer(p.ddp.parameters(), t)
+    p.optimizer = build_optimizer(p.model.parameters(), t)
     p.scheduler = build_scheduler(p.optimizer, p.steps, t)
     p.best_state = copy.deepcopy(p.model.state_dict())
     return p
@@ -214,25 +211,25 @@ def equal_share(seeds: torch.Tensor, seed: int, rank: int) -> torch.Tensor:
 
 def fit(cfg, g, job: dict, p: Parts, rank: int) -> dict:
     """The epochs: train, validate, keep the best weights, checkpoint (rank 0); early stopping as train.patience."""
-    from gnnscale.dist.distdgl.loop import train_epoch
+    from gnnscale.dist.distdgl.loop import DistBatches
     from gnnscale.models.checkpoint import save_checkpoint
     from gnnscale.storage.run_dir import BEST, LAST, append_metrics, checkpoint_file
+    from gnnscale.training.loop import train_epoch
     from gnnscale.training.seeding import epoch_seed, reseed, rng_state
     from gnnscale.utils.ui import info
 
     t = cfg.train
     epochs, patience, every = int(t.epochs), int(t.patience), int(t.eval_every)
-    opts = {
-        "grad_clip": float(t.grad_clip),
-        "input_dropout": float(t.input_dropout),
-        "class_weight": p.class_weight,
-    }
+    batches = DistBatches(g, p.train_loader, p.steps)
     best_val, best_epoch, stopped, records = float("nan"), 0, False, []
     metric = p.metric
     run_dir = Path(job["run_dir"]) if rank == 0 else None
     for epoch in range(1, epochs + 1):
         reseed(epoch_seed(int(cfg.seed), epoch, 0, rank))
-        stats = train_epoch(p.ddp, g, p.train_loader, p.optimizer, p.scheduler, p.precision, opts)
+        stats = train_epoch(
+            p.model, batches, p.task, p.optimizer, p.scheduler, p.precision,
+            float(t.grad_clip), float(t.input_dropout), sync=p.sync,
+        )  # fmt: skip
         record = {
             "epoch": epoch,
             "loss": round(stats["loss"], 6),
@@ -276,7 +273,7 @@ def fit(cfg, g, job: dict, p: Parts, rank: int) -> dict:
         "stopped": stopped,
         "epoch_time_s": _median(records, "epoch_time_s"),
         "seeds_per_s": _median(records, "seeds_per_s"),
-        "time_split_s": {k: _median(records, k) for k in ("sample_s", "gather_s", "compute_s")},
+        "time_split_s": {k: _median(records, k) for k in TIME_SPLIT},
     }
 
 
