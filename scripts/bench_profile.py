@@ -16,6 +16,12 @@ Like is compared with like: anon with anon (the heap the plan counts; the accept
 with RSS (reported beside it). ratio = predicted / measured; within_30pct = 0.7 <= ratio <= 1.3.
 The graph's files are read before each child starts, so every child finds them in the page cache.
 
+Speed (the smallest synthetic graph, sage_2hop): the plan's predicted seeds/s (`plan.speed`, made before
+any training from a few probed batches, the random-gather bandwidth and the matmul rate) beside the
+median seeds/s of a SPEED_EPOCHS-epoch `gnnscale train` run; ratio = predicted / measured, within_40pct
+= 0.6 <= ratio <= 1.4. Then `gnnscale profile profile.compare_samplers=true` on the same graph: one epoch
+of every formation's preset, the winner, and whether the plan's recommendation agrees with it.
+
 The recommendations: the plan's `recommendation.formation` for each graph above with its default config
 (sage, neighbor [25, 10], batch 1024), for a 200k-node graph with strongly skewed degrees (exponent 2.1),
 and for a described 1-billion-node graph (profile.num_nodes=1e9 profile.avg_degree=50).
@@ -44,6 +50,8 @@ AVG_DEGREE, FEAT_DIM, NUM_CLASSES = 20.0, 128, 16
 MINIBATCH_PRESETS = ("sage_2hop", "sage_3hop")
 FULL_PRESETS = ("full_gcn", "full_sage")
 FULL_EPOCHS = 3
+SPEED_PRESET, SPEED_EPOCHS = "sage_2hop", 3
+ROW_KEYS = ("epochs", "steps", "train_time_s", "epoch_time_s", "input_nodes_per_batch", "loss_curve")
 BUDGET = "auto"
 
 
@@ -62,7 +70,22 @@ def train_child(graph_dir: str, preset: str, run_dir: str, extra: list, queue) -
 
     overrides = [f"+exp={preset}", f"graph_dir={graph_dir}", f"run_dir={run_dir}", "overwrite=true", *extra]
     s = train.run(compose_config("train", overrides))
-    queue.put({k: s.get(k) for k in ("peak_anon_mb", "peak_rss_mb", "max_rss_mb", "memory_plan", "test_acc")})
+    keys = ("peak_anon_mb", "peak_rss_mb", "max_rss_mb", "memory_plan", "test_acc", "seeds_per_s")
+    queue.put({k: s.get(k) for k in keys})
+
+
+def compare_child(graph_dir: str, run_dir: str, queue) -> None:
+    from gnnscale.config import compose_config
+    from gnnscale.stages import profile
+
+    overrides = [
+        f"graph_dir={graph_dir}",
+        f"run_dir={run_dir}",
+        "overwrite=true",
+        "profile.compare_samplers=true",
+    ]
+    report = profile.run(compose_config("profile", overrides))
+    queue.put({"plan_formation": report["recommendation"]["formation"], **report["comparison"]})
 
 
 def compare(predicted_mb: float, measured_mb: float | None) -> dict:
@@ -118,6 +141,62 @@ def one_row(name: str, graph_dir: Path, preset: str, kind: str, scratch: Path) -
     return row
 
 
+def speed_row(name: str, graph_dir: Path, scratch: Path) -> dict:
+    bt.warm(graph_dir)
+    plan = bt.in_child(plan_child, str(graph_dir), [f"+exp={SPEED_PRESET}"])
+    bt.warm(graph_dir)
+    extra = [f"train.epochs={SPEED_EPOCHS}", "train.patience=0"]
+    run = bt.in_child(
+        train_child, str(graph_dir), SPEED_PRESET, str(scratch / "runs" / f"{name}_speed"), extra
+    )
+    predicted, measured = plan["speed"]["seeds_per_s"], run["seeds_per_s"]
+    ratio = predicted / measured
+    print(
+        f"speed {name}: predicted {predicted:,.0f} seeds/s, measured {measured:,.0f}, ratio {ratio:.2f}",
+        flush=True,
+    )
+    return {
+        "graph": name,
+        "preset": SPEED_PRESET,
+        "predicted_seeds_per_s": round(predicted),
+        "measured_seeds_per_s": round(measured),
+        "ratio": round(ratio, 3),
+        "within_40pct": 0.6 <= ratio <= 1.4,
+        "predicted_parts_s": {k: round(v, 5) for k, v in plan["speed"]["parts_s"].items()},
+        "measured": f"median seeds/s over {SPEED_EPOCHS} epochs of gnnscale train (summary.json seeds_per_s)",
+    }
+
+
+def comparison(name: str, graph_dir: Path, scratch: Path) -> dict:
+    c = bt.in_child(compare_child, str(graph_dir), str(scratch / "runs" / f"{name}_compare"))
+    metric = c["metric"]
+    rows = [{k: r.get(k) for k in ("sampler", f"val_{metric}", *ROW_KEYS)} for r in c["rows"]]
+    print(f"comparison {name}: winner {c['winner']['sampler']}; {c['agreement']}", flush=True)
+    return {
+        "graph": name,
+        "plan": c["plan_formation"],
+        "winner": c["winner"],
+        "agreement": c["agreement"],
+        "rows": rows,
+    }
+
+
+def speed_sections(graphs: dict, scratch: Path) -> tuple[dict, dict]:
+    name = min(graphs, key=lambda k: int(k[3:-1]))  # the smallest synthetic graph
+    return speed_row(name, graphs[name], scratch), comparison(name, graphs[name], scratch)
+
+
+def update_speed(out: str, graphs: dict, scratch: Path) -> None:
+    import json
+
+    from gnnscale.utils.atomic import write_json
+
+    result = json.loads(Path(out).read_text())
+    result["speed"], result["comparison"] = speed_sections(graphs, scratch)
+    write_json(out, result)
+    print(f"updated speed and comparison in {out}")
+
+
 def recommendation(graph_dir: Path | None, overrides: list) -> dict:
     plan = bt.in_child(plan_child, str(graph_dir or "/nonexistent"), overrides)
     rec = plan["recommendation"]
@@ -160,6 +239,12 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="50000,200000,500000", help="synthetic graphs' node counts")
     ap.add_argument("--no-full", action="store_true", help="leave out the full-graph rows")
+    ap.add_argument(
+        "--speed-only",
+        action="store_true",
+        help="run only the speed prediction and the comparison, and replace those two sections of --out",
+    )
+    ap.add_argument("--no-speed", action="store_true", help="leave out the speed prediction and comparison")
     ap.add_argument("--no-recommend", action="store_true", help="leave out the recommendation table")
     ap.add_argument("--scratch", default=str(ROOT / "bench" / "tmp" / "profile"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "profile.json"))
@@ -176,6 +261,8 @@ def main() -> None:
         name = f"syn{n // 1000}k"
         bt.build_graph(scratch / name, n, AVG_DEGREE, FEAT_DIM, NUM_CLASSES)
         graphs[name] = scratch / name
+    if args.speed_only:
+        return update_speed(args.out, graphs, scratch)
     recs = {}
     if not args.no_recommend:
         skewed = scratch / "skew200k"
@@ -187,6 +274,7 @@ def main() -> None:
             print(f"recommendation {name}: {recs[name]['formation']}", flush=True)
         recs["described_1e9"] = recommendation(None, ["profile.num_nodes=1e9", "profile.avg_degree=50"])
         print(f"recommendation described_1e9: {recs['described_1e9']['formation']}", flush=True)
+    speed, compared = (None, None) if args.no_speed or not graphs else speed_sections(graphs, scratch)
     rows = []
     for name, graph_dir in graphs.items():
         for preset in MINIBATCH_PRESETS:
@@ -216,6 +304,8 @@ def main() -> None:
         "rows": rows,
         "all_within_30pct_anon": all(r["anon"]["within_30pct"] for r in rows),
         "recommendations": recs,
+        "speed": speed,
+        "comparison": compared,
     }
     from gnnscale.utils.atomic import write_json
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gnnscale.profile import measure, micro
+from gnnscale.profile import cost, measure, micro, speed
 from gnnscale.training.data import load_train_data
 from gnnscale.training.memory_plan import BatchShape
 from tests.conftest import TINY_SYNTHETIC, build_graph, compose
@@ -46,9 +46,9 @@ def test_parts_add_up_to_the_step_and_rates_agree_with_counts(setup):
     # Backward: weight gradients everywhere, input gradients past the first layer: between 2x and 3x forward.
     assert 2 * m["forward_flops_per_batch"] < m["flops_per_batch"] < 3 * m["forward_flops_per_batch"]
     assert m["peak_rss_mb"] > 0 and m["gpu_peak_allocated_mb"] is None
-    shape = measure.measured_shape(m)
+    shape = cost.measured_shape(m)
     # 8 -> 16 widens: projected on the destinations; 16 -> 3 narrows: on the sources (layer 0's destinations).
-    assert measure.projection_shapes(shape, m["dims"]) == [
+    assert cost.projection_shapes(shape, m["dims"]) == [
         (shape.dst_rows[0], 8, 16),
         (shape.dst_rows[0], 16, 3),
     ]
@@ -65,11 +65,11 @@ def test_trace_is_a_chrome_trace_with_the_named_parts(setup):
 def test_layer_flops_count_sage_mean_by_hand():
     # 64 -> 16 narrows: fc_neigh on the 100 source rows, mean over 500 edges at width 16, fc_self on 20 rows.
     assert (
-        measure.layer_flops("sage", "mean", 100, 20, 500, 64, 16)
+        cost.layer_flops("sage", "mean", 100, 20, 500, 64, 16)
         == 2 * 100 * 64 * 16 + 500 * 16 + 2 * 20 * 64 * 16
     )
     # 16 -> 64 widens: mean at width 16, then both projections on the 20 destination rows.
-    assert measure.layer_flops("sage", "mean", 100, 20, 500, 16, 64) == 500 * 16 + 2 * (2 * 20 * 16 * 64)
+    assert cost.layer_flops("sage", "mean", 100, 20, 500, 16, 64) == 500 * 16 + 2 * (2 * 20 * 16 * 64)
 
 
 def test_bounds_name_the_bound_the_step_is_nearest():
@@ -90,7 +90,7 @@ def test_bounds_name_the_bound_the_step_is_nearest():
 def test_prediction_adds_sampling_gather_matmuls_and_activation_traffic():
     shape = BatchShape(input_rows=1000, dst_rows=(200, 10), edges=(2000, 100))
     dims, layers = (8, 16, 4), [(1000, 200, 2000), (200, 10, 100)]
-    p = measure.predict_seeds_per_s(
+    p = cost.predict_seeds_per_s(
         10,
         shape,
         dims,
@@ -101,10 +101,10 @@ def test_prediction_adds_sampling_gather_matmuls_and_activation_traffic():
         norm="batch",
         dropout=0.5,
     )
-    flops = measure.train_flops("sage", "mean", dims, layers)
-    assert flops == 2 * measure.forward_flops(
-        "sage", "mean", dims[:2], layers[:1]
-    ) + 3 * measure.forward_flops("sage", "mean", dims[1:], layers[1:])
+    flops = cost.train_flops("sage", "mean", dims, layers)
+    assert flops == 2 * cost.forward_flops("sage", "mean", dims[:2], layers[:1]) + 3 * cost.forward_flops(
+        "sage", "mean", dims[1:], layers[1:]
+    )
     # Layer 0: 6 + 8 + 5 + 7 passes over 200 x 16 outputs, mean over 2000 edges at width 8 (forward only);
     # layer 1 (last): 6 passes over 10 x 4, its 100 edges at width 4 forward and backward.
     traffic = 4 * (26 * 200 * 16 + 2000 * 8 + 6 * 10 * 4 + 2 * 100 * 4)
@@ -113,7 +113,7 @@ def test_prediction_adds_sampling_gather_matmuls_and_activation_traffic():
         {"sample_s": 0.002, "gather_s": 1e-3, "matmul_s": flops / 1e9, "activations_s": traffic / 32e6}
     )
     assert p["seeds_per_s"] == pytest.approx(10 / sum(p["parts_s"].values()))
-    on_gpu = measure.predict_seeds_per_s(10, shape, dims, 32, 32e6, 1e9, 0.002, device_type="cuda")
+    on_gpu = cost.predict_seeds_per_s(10, shape, dims, 32, 32e6, 1e9, 0.002, device_type="cuda")
     assert on_gpu["parts_s"]["activations_s"] == 0.0  # device memory: left out
 
 
@@ -122,7 +122,7 @@ def test_probe_sampling_times_batches_of_the_training_loader(setup):
     from gnnscale.training.build import build_samplers
 
     sampler = build_samplers(cfg, data)["train"][0]
-    probe = measure.probe_sampling(data.g, data.splits["train"], sampler, BATCH, k=3, num_layers=2)
+    probe = speed.probe_sampling(data.g, data.splits["train"], sampler, BATCH, k=3, num_layers=2)
     assert probe.sample_s > 0 and probe.batches == 3
     assert probe.shape.dst_rows[-1] == BATCH and probe.shape.input_rows >= probe.shape.dst_rows[0]
 

@@ -1,6 +1,5 @@
 """`profile.measure`: timed training steps (time split, rates, memory), the physical bounds they are
-judged against, the plan's seeds/s prediction from the same micro-measurements, and the batch-size
-doubling test.
+judged against, and the batch-size doubling test.
 
 Timing. Each batch runs serially — sample, gather, host->device transfer, forward (with the loss),
 backward, optimizer step — with one perf_counter mark between consecutive parts (on a GPU each mark
@@ -9,19 +8,7 @@ step time is measured apart: the wall time of the whole timed loop over its batc
 must add up to it; what they miss is the loop's bookkeeping between batches (`unaccounted_s`). A train
 run with prefetch overlaps its gather with compute; measuring serially is what lets each part be seen.
 
-FLOPs (layer_flops, train_flops). Per layer, each dense projection costs 2 x rows x d_in x d_out on
-the rows DGL applies it to (SAGEConv and GraphConv project the source rows before aggregating when that
-narrows the features, the destination rows after it otherwise), and the aggregation one add per edge
-per feature at the width it runs at. Backward computes the weights' gradients (about the forward's
-FLOPs again) and the inputs' (once more), the latter for every layer but the first: the input
-features need no gradient. So a step counts 2x the first layer's forward and 3x the others'.
-
-Prediction (predict_seeds_per_s). One step = the probed sampling time + the batch's feature bytes at
-the random-gather bandwidth + its training FLOPs at the matmul rate + its elementwise activation
-traffic (activation_bytes: the reads and writes of norm, ReLU, dropout, the projections' sum and the
-aggregation, forward and backward) at the same memory bandwidth. On a CPU that traffic is most of the
-compute time of a GNN step (measured on the 50k-node sage_2hop graph: matmuls ~40% of forward +
-backward); on a GPU it runs at device-memory speed and is left out.
+FLOPs and the seeds/s prediction: profile/cost.py; the plan's timed probe: profile/speed.py.
 """
 
 from __future__ import annotations
@@ -31,19 +18,19 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gnnscale.errors import DataError
+from gnnscale.profile.cost import batch_layers, forward_flops, sampled_edges, train_flops
+from gnnscale.profile.speed import AFFINITY_WARNING, endless
 from gnnscale.sampling import build_loader
 from gnnscale.sampling.batch import Batch
 from gnnscale.tasks import build_task
 from gnnscale.training.batches import FeatureBuffers
 from gnnscale.training.build import build_samplers
-from gnnscale.training.memory_plan import BatchShape
 from gnnscale.training.phases import resolve_phases
 from gnnscale.training.precision import Precision
 from gnnscale.training.schedule import build_optimizer, build_scheduler
@@ -53,194 +40,6 @@ from gnnscale.utils.memory import MemorySampler, Poller
 
 PARTS = ("sample_s", "gather_s", "transfer_s", "forward_s", "backward_s", "step_s")
 LOADER_PARTS = PARTS[:3]  # what the data path costs; the rest is compute
-# DGL's DataLoader advises CPU affinity on every iteration; gnnscale sizes its threads itself.
-_AFFINITY_WARNING = "Dataloader CPU affinity opt is not enabled"
-
-
-# ---- FLOPs ---------------------------------------------------------------------------------------
-
-
-def layer_flops(arch: str, aggregator: str, src: int, dst: int, edges: int, d_in: int, d_out: int) -> float:
-    """Forward FLOPs of one layer on a block of src -> dst rows with `edges` edges."""
-
-    def mm(rows: int, k: int, n: int) -> float:
-        return 2.0 * rows * k * n
-
-    narrows = d_in > d_out  # DGL then projects the source rows first and aggregates the narrow result
-    if arch == "mlp":
-        return mm(dst, d_in, d_out)
-    if arch == "gcn":
-        return mm(src, d_in, d_out) + edges * d_out if narrows else edges * d_in + mm(dst, d_in, d_out)
-    if aggregator == "pool":  # fc_pool on every source, max over edges, fc_neigh + fc_self on dst
-        return mm(src, d_in, d_in) + edges * d_in + 2 * mm(dst, d_in, d_out)
-    if aggregator == "lstm":  # an LSTM(d_in, d_in) step per edge: 4 gates x 2 matmuls, + fc_neigh, fc_self
-        return edges * 16.0 * d_in * d_in + 2 * mm(dst, d_in, d_out)
-    neigh = mm(src, d_in, d_out) + edges * d_out if narrows else edges * d_in + mm(dst, d_in, d_out)
-    return neigh + (mm(dst, d_in, d_out) if aggregator == "mean" else dst * d_in)  # gcn: + self row
-
-
-def forward_flops(arch: str, aggregator: str, dims: Sequence[int], layers: Sequence[tuple]) -> float:
-    """layers: (src rows, dst rows, edges) per layer, input layer first; dims: in_dim, hidden..., classes."""
-    return sum(_per_layer(layer_flops, arch, aggregator, dims, layers))
-
-
-def train_flops(arch: str, aggregator: str, dims: Sequence[int], layers: Sequence[tuple]) -> float:
-    """Forward + backward: weight gradients for every layer, input gradients for all but the first."""
-    per_layer = _per_layer(layer_flops, arch, aggregator, dims, layers)
-    return 2 * sum(per_layer) + sum(per_layer[1:])
-
-
-def _per_layer(fn, arch: str, aggregator: str, dims: Sequence[int], layers: Sequence[tuple]) -> list[float]:
-    return [
-        fn(arch, aggregator, s, d, e, k, n)
-        for (s, d, e), k, n in zip(layers, dims[:-1], dims[1:], strict=True)
-    ]
-
-
-# Passes over a layer's output (dst rows x d_out floats read or written), forward + backward, by the
-# elementwise work around its matmuls: counted from each op's reads and writes (a ReLU reads and writes
-# once forward, reads two and writes one backward: 5).
-COMBINE_PASSES = 6  # the projections' sum and bias, and their gradients
-HIDDEN_PASSES = {"norm": 8, "relu": 5, "dropout": 7}  # on every layer but the last
-
-
-def activation_bytes(
-    dims: Sequence[int], layers: Sequence[tuple], norm: str = "none", dropout: float = 0.0, arch: str = "sage"
-) -> float:
-    """Bytes of elementwise activation traffic in one training step (float32): the passes over each
-    layer's output above, and the aggregation's reads of one row per edge (again backward, except on
-    the first layer when it aggregates the input features themselves, which need no gradient)."""
-    total = 0.0
-    last = len(layers) - 1
-    for i, ((_, dst, edges), d_in, d_out) in enumerate(zip(layers, dims[:-1], dims[1:], strict=True)):
-        passes = COMBINE_PASSES
-        if i < last:
-            passes += HIDDEN_PASSES["relu"]
-            passes += HIDDEN_PASSES["norm"] if norm not in ("none", None, "") else 0
-            passes += HIDDEN_PASSES["dropout"] if dropout > 0 else 0
-        total += passes * dst * d_out
-        if arch != "mlp":
-            width = min(d_in, d_out)  # DGL aggregates at the narrower width
-            total += edges * width * (2 if i > 0 or d_in > d_out else 1)
-    return 4.0 * total
-
-
-def shape_layers(shape: BatchShape) -> list[tuple[int, int, int]]:
-    """(src, dst, edges) per layer of a BatchShape: layer i reads layer i-1's destinations."""
-    src = [shape.input_rows, *shape.dst_rows[:-1]]
-    return list(zip(src, shape.dst_rows, shape.edges, strict=True))
-
-
-def projection_shapes(shape: BatchShape, dims: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(m, k, n) of each layer's dominant dense projection, for micro.matmul_flops: on the source rows
-    when the layer narrows the features (DGL projects before aggregating), on the destinations otherwise."""
-    return [
-        (s if k > n else d, int(k), int(n))
-        for (s, d, _), k, n in zip(shape_layers(shape), dims[:-1], dims[1:], strict=True)
-    ]
-
-
-def measured_shape(measured: dict) -> BatchShape:
-    """The mean batch of a measure_steps result, for projection_shapes and the micro-measurements."""
-    shape = measured["shape"]
-    return BatchShape(
-        int(round(shape["input_rows"])),
-        tuple(int(round(v)) for v in shape["dst_rows"]),
-        tuple(int(round(v)) for v in shape["edges"]),
-    )
-
-
-def batch_layers(b: Batch, num_layers: int) -> list[tuple[int, int, int]]:
-    """(src, dst, edges) per layer of a sampled batch (a subgraph formation runs every layer on its subgraph)."""
-    if b.blocks is not None:
-        return [(s.num_src_nodes(), s.num_dst_nodes(), s.num_edges()) for s in b.blocks]
-    n, e = b.subgraph.num_nodes(), b.subgraph.num_edges()
-    return [(n, n, e)] * num_layers
-
-
-def sampled_edges(b: Batch) -> int:
-    """Edges the sampler drew for a batch: every block's, or the subgraph's once."""
-    return sum(s.num_edges() for s in b.blocks) if b.blocks is not None else b.subgraph.num_edges()
-
-
-# ---- the plan's side: a timed probe and the prediction ------------------------------------------
-
-
-@dataclass(frozen=True)
-class SampleProbe:
-    shape: BatchShape  # the mean batch (not the largest, as the memory plan keeps)
-    sample_s: float  # seconds per batch through the training loader
-    batches: int
-
-
-def probe_sampling(
-    g, ids: torch.Tensor, sampler, batch_size: int, k: int = 5, num_layers: int = 1
-) -> SampleProbe:
-    """Sample k batches of `ids` through the same loader training uses, after one untimed batch (it pays
-    one-off costs: buffers, the first touch of the graph's pages), each timed; mean shape and seconds."""
-    order = torch.from_numpy(np.random.default_rng(0).permutation(len(ids)))
-    loader = build_loader(g, ids[order], sampler, int(batch_size), shuffle=False)
-    batches = _endless(loader)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_AFFINITY_WARNING)
-        next(batches)
-        seconds, shapes = [], []
-        for _ in range(max(1, int(k))):
-            t0 = time.perf_counter()
-            b = next(batches)
-            seconds.append(time.perf_counter() - t0)
-            shapes.append((len(b.input_nodes), batch_layers(b, num_layers)))
-
-    def mean(values) -> int:
-        return int(round(sum(values) / len(values)))
-
-    # per_layer[i]: every probed batch's (src, dst, edges) of layer i
-    per_layer = list(zip(*(layers for _, layers in shapes), strict=True))
-    shape = BatchShape(
-        mean([rows for rows, _ in shapes]),
-        tuple(mean([d for _, d, _ in layer]) for layer in per_layer),
-        tuple(mean([e for _, _, e in layer]) for layer in per_layer),
-    )
-    return SampleProbe(shape, sum(seconds) / len(seconds), len(seconds))
-
-
-def predict_seeds_per_s(
-    batch_size: int,
-    shape: BatchShape,
-    dims: Sequence[int],
-    row_bytes: int,
-    gather_bytes_per_s: float,
-    flops_per_s: float,
-    sample_s: float,
-    arch: str = "sage",
-    aggregator: str = "mean",
-    norm: str = "none",
-    dropout: float = 0.0,
-    device_type: str = "cpu",
-) -> dict:
-    """Seeds/s before any training (the module's docstring: Prediction). shape: the mean probed batch
-    (probe_sampling); dims: the model's in_dim, hidden..., classes; row_bytes: feat_dim x the features'
-    itemsize; the two rates: micro.gather_bandwidth and micro.matmul_flops; sample_s: the probe's
-    seconds per batch; arch / aggregator / norm / dropout: the model config's."""
-    layers = shape_layers(shape)
-    gather_bytes = shape.input_rows * row_bytes
-    flops = train_flops(arch, aggregator, dims, layers)
-    traffic = activation_bytes(dims, layers, norm, dropout, arch) if device_type == "cpu" else 0.0
-    parts = {
-        "sample_s": float(sample_s),
-        "gather_s": gather_bytes / gather_bytes_per_s,
-        "matmul_s": flops / flops_per_s,
-        "activations_s": traffic / gather_bytes_per_s,
-    }
-    step = sum(parts.values())
-    return {
-        "seeds_per_s": batch_size / step,
-        "step_s": step,
-        "parts_s": parts,
-        "gather_bytes_per_batch": gather_bytes,
-        "flops_per_batch": flops,
-        "activation_bytes_per_batch": traffic,
-    }
 
 
 # ---- the measured steps ---------------------------------------------------------------------------
@@ -303,19 +102,6 @@ class _Laps:
         if part is not None and self._trace:
             self._range = torch.profiler.record_function(part)
             self._range.__enter__()
-
-
-def _endless(loader) -> Iterator[Batch]:
-    """The loader's batches, epoch after epoch (a small train split holds fewer batches than are timed)."""
-    while True:
-        empty = True
-        for b in loader:
-            empty = False
-            yield b
-        if empty:
-            raise DataError(
-                "the training loader yields no batches", "check the train split and train.batch_size"
-            )
 
 
 def _run_step(s: _Step, batches: Iterator[Batch], gather, laps: _Laps) -> Batch:
@@ -418,7 +204,7 @@ def measure_steps(
     step = _build_step(cfg, data, device, max(len(loader), 1))
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, 0, device.type == "cuda")
     gather = _gatherer(data, buffers)
-    batches = _endless(loader)
+    batches = endless(loader)
     num_layers = step.model.num_layers
     arch, aggregator = str(cfg.model.arch), str(cfg.model.aggregator)
     seeds = edges = rows = 0
@@ -427,7 +213,7 @@ def measure_steps(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with warnings.catch_warnings(), MemorySampler() as memory:
-        warnings.filterwarnings("ignore", message=_AFFINITY_WARNING)
+        warnings.filterwarnings("ignore", message=AFFINITY_WARNING)
         for _ in range(warmup):
             _run_step(step, batches, gather, _Laps(device))
         laps = _Laps(device)

@@ -93,7 +93,7 @@ def matmul_flops(
     seed: int = 0,
 ) -> dict:
     """FLOP/s of fp32 dense matmuls [m x k] @ [k x n] on `device`, one per shape (the model's layers:
-    measure.projection_shapes), and over all of them together (total FLOPs / total seconds). The operands
+    cost.projection_shapes), and over all of them together (total FLOPs / total seconds). The operands
     stay in cache between calls, as a layer's weights and inputs do within its matmul."""
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)

@@ -30,6 +30,7 @@ from gnnscale.profile.minibatch import (
     worst_case,
 )
 from gnnscale.profile.recommend import recommend
+from gnnscale.profile.speed import predict_speed
 from gnnscale.profile.stats import GraphStats, described_stats, graph_stats
 from gnnscale.sampling import has_fanouts
 from gnnscale.training.build import build_samplers, resolve_prefetch
@@ -42,7 +43,8 @@ DESCRIBED_FANOUT = 10  # a described graph with a formation without fanouts is p
 
 
 def make_plan(cfg, budget: Budget) -> dict:
-    """{"graph", "full_graph", "minibatch", "recommendation", "budget"}: one JSON-able dict."""
+    """{"graph", "model", "full_graph", "minibatch", "speed", "recommendation", "budget"}: one JSON-able
+    dict."""
     check_train_cfg(cfg)
     described = float(cfg.profile.num_nodes) > 0
     data = None
@@ -62,8 +64,11 @@ def make_plan(cfg, budget: Budget) -> dict:
     eval_bs = int(cfg.train.eval_batch_size) or 4 * batch_size
     all_neighbours = stats.degrees.max if stats.degrees is not None else stats.avg_degree
 
+    device = pick_device(cfg.train.device)
+    speed = None
     if data is not None:
-        train_shape, eval_shape = _probe(cfg, data, batch_size, eval_bs)
+        samplers = build_samplers(cfg, data)
+        train_shape, eval_shape = _probe(cfg, data, samplers, batch_size, eval_bs)
     else:
         train_shape = worst_case(fanouts, batch_size, stats.num_nodes, stats.num_edges, all_neighbours)[1]
         eval_fanouts = [int(f) for f in cfg.train.eval_fanouts] if cfg.train.eval_fanouts else fanouts
@@ -78,7 +83,6 @@ def make_plan(cfg, budget: Budget) -> dict:
         input_dropout=float(cfg.train.input_dropout) > 0,
     )
     w = Workload.now(sizes, train_shape, eval_shape)  # this process: interpreter, torch, DGL, the labels
-    device = pick_device(cfg.train.device)
     batches = BatchModel(
         w,
         fanouts,
@@ -95,6 +99,11 @@ def make_plan(cfg, budget: Budget) -> dict:
     )
     minibatch = _minibatch(cfg, stats, batches, w, fanouts, batch_size, data is not None)
     rec = recommend(stats, full, minibatch, budget, cfg)
+    if (
+        data is not None
+    ):  # after the memory plan, which reads this process's heap: the probe's buffers stay out
+        k = max(1, int(cfg.profile.probe_batches))
+        speed = predict_speed(cfg.model, data, samplers["train"][0], model.dims, batch_size, device, k)
     return {
         "graph": stats.as_dict(),
         "model": {
@@ -110,6 +119,7 @@ def make_plan(cfg, budget: Budget) -> dict:
         },
         "full_graph": full,
         "minibatch": minibatch,
+        "speed": speed,  # predicted seeds/s (profile/speed.py); None for a described graph
         "recommendation": rec,
         "budget": {"bytes": int(budget.bytes), "gb": round(budget.bytes / 1e9, 3), "why": budget.why},
     }
@@ -119,12 +129,11 @@ def _plain(value):
     return value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
 
 
-def _probe(cfg, data, batch_size: int, eval_bs: int) -> tuple[BatchShape, BatchShape]:
+def _probe(cfg, data, samplers: dict, batch_size: int, eval_bs: int) -> tuple[BatchShape, BatchShape]:
     """The largest of profile.probe_batches training batches and of one validation / test batch, drawn
     by the configured samplers (the train stage's preflight probe, more batches)."""
     k = max(1, int(cfg.profile.probe_batches))
     layers = int(cfg.model.num_layers)
-    samplers = build_samplers(cfg, data)
     train = probe_batches(data.g, data.splits["train"], samplers["train"][0], batch_size, k, layers)
     evals = [data.splits[s] for s in ("val", "test") if len(data.splits[s])]
     shape = max(

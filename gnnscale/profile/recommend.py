@@ -100,7 +100,7 @@ def recommend(stats: GraphStats, full: dict, minibatch: dict, budget: Budget, cf
         reasons += more
     fit = minibatch.get("largest_fitting") or {}
     if formation in ("neighbor", "importance") and fit:
-        reasons.append(_fit_line(fit))
+        reasons.append(describe_fit(fit))
     configured = str(cfg.sampler.kind) if cfg is not None else None
     numbers["configured_sampler"] = configured
     if configured is not None and configured != formation:
@@ -194,7 +194,7 @@ def _sampled(stats, fanouts, input_share, kept, skewed) -> tuple[str, list[str]]
     ]
 
 
-def _fit_line(fit: dict) -> str:
+def describe_fit(fit: dict) -> str:
     parts = []
     if fit.get("batch_size"):
         parts.append(f"train.batch_size up to {fit['batch_size']:,} at the configured fanouts")

@@ -1,7 +1,8 @@
-"""`gnnscale profile`: the plan (memory, batch sizes, the recommended formation) from the files alone;
-with profile.measure=true timed training steps against the gather and matmul bounds and the batch-size
-doubling test. Writes profile.json and PNG plots into the run folder. The pieces live in gnnscale/profile/;
-this stage composes them and renders."""
+"""`gnnscale profile`: the plan (memory, batch sizes, predicted seeds/s, the recommended formation) from
+the files alone; with profile.measure=true timed training steps against the gather and matmul bounds and
+the batch-size doubling test; with profile.compare_samplers=true a short `gnnscale train` of every
+formation's preset and the winner. Writes profile.json and PNG plots into the run folder. The pieces
+live in gnnscale/profile/; this stage composes them and renders."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from gnnscale.profile import plots
+from gnnscale.config import compose_config
+from gnnscale.errors import ConfigError
+from gnnscale.pipeline.plan import partition_cfg, partition_needed
+from gnnscale.profile.compare import (
+    agreement,
+    comparison_epochs,
+    comparison_overrides,
+    comparison_row,
+    pick_winner,
+)
 from gnnscale.profile.plan import make_plan
+from gnnscale.profile.report import show_comparison, summary_rows, write_plots
+from gnnscale.sampling import PRESETS
+from gnnscale.stages import partition as partition_stage
+from gnnscale.stages import train as train_stage
 from gnnscale.stages.common import cpu_count, metered
 from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.training.data import load_train_data
@@ -25,34 +39,35 @@ def run(cfg: DictConfig) -> dict:
     opts = cfg.profile
     torch.set_num_threads(int(cfg.train.num_threads) or cpu_count())
     budget = resolve_budget(opts.memory_budget, "profile.memory_budget")
+    kinds = _compared_kinds(cfg) if opts.compare_samplers else []  # a bad name fails before the plan runs
     run_dir = make_run_dir(cfg, "profile")
     with metered() as meter:
         report = {"plan": make_plan(cfg, budget)}
-        if opts.measure and float(opts.num_nodes) <= 0:
-            report["measured"] = _measure(cfg, run_dir)
+        described = float(opts.num_nodes) > 0
+        if opts.measure and not described:
+            report["measured"] = _measure(cfg, run_dir, report["plan"]["speed"])
+        if opts.compare_samplers and not described:
+            report["comparison"] = _compare(cfg, kinds, run_dir, report["plan"])
     report["recommendation"] = report["plan"]["recommendation"]
     report["stage_stats"] = meter.stats()
     if opts.plots:
-        report["plots"] = [str(p) for p in _plots(run_dir, report)]
+        report["plots"] = [str(p) for p in write_plots(run_dir, report)]
     write_json(run_dir / "profile.json", report)
     write_summary(run_dir, {"stage": "profile", "recommendation": report["recommendation"]})
     summary_table(
-        f"profile: {cfg.graph_dir if float(opts.num_nodes) <= 0 else 'described graph'}", _rows(report)
+        f"profile: {cfg.graph_dir if float(opts.num_nodes) <= 0 else 'described graph'}", summary_rows(report)
     )
     for reason in report["recommendation"]["reasons"]:
         info(f"  - {reason}")
+    if "comparison" in report:
+        show_comparison(report["comparison"])
     info(f"profile: {run_dir / 'profile.json'}")
     return {**report, "run_dir": str(run_dir)}
 
 
-def _measure(cfg: DictConfig, run_dir: Path) -> dict:
-    from gnnscale.profile.measure import (
-        bounds,
-        doubling_test,
-        measure_steps,
-        measured_shape,
-        projection_shapes,
-    )
+def _measure(cfg: DictConfig, run_dir: Path, predicted: dict) -> dict:
+    from gnnscale.profile.cost import measured_shape, projection_shapes
+    from gnnscale.profile.measure import bounds, doubling_test, measure_steps
     from gnnscale.profile.micro import gather_bandwidth, matmul_flops
 
     device = pick_device(cfg.train.device)
@@ -68,56 +83,41 @@ def _measure(cfg: DictConfig, run_dir: Path) -> dict:
         "matmul": flops,
         "bounds": bounds(m, bw, flops),
         "doubling": doubling_test(cfg, data, device, int(cfg.profile.num_batches), at_b=m),
+        "predicted_over_measured": round(predicted["seeds_per_s"] / m["seeds_per_s"], 3),
     }
 
 
-def _plots(run_dir: Path, report: dict) -> list[Path]:
-    plan, out = report["plan"], []
-    degrees = plan["graph"].get("degrees")
-    if degrees:
-        hist = degrees["hist"]
-        out.append(
-            plots.degree_distribution(run_dir / "degrees.png", hist["degree"], hist["nodes"], "in-degree")
-        )
-    curve = plan["minibatch"].get("memory_vs_fanout") or []
-    if curve:
-        out.append(
-            plots.memory_vs_fanout(
-                run_dir / "memory_vs_fanout.png",
-                [r["label"] for r in curve],
-                [r["per_batch_mb"] for r in curve],
-                plan["budget"]["bytes"] / 2**20,
-            )
-        )
-    measured = report.get("measured")
-    if measured:
-        steps = measured["steps"]
-        out.append(plots.time_split(run_dir / "time_split.png", steps["split_s"], "time per batch"))
-        planned = plan["minibatch"]["predicted_peak"]["anon_bytes"] / 2**20
-        out.append(
-            plots.planned_vs_measured(
-                run_dir / "memory.png", {"mini-batch peak": (planned, steps.get("peak_anon_mb"))}, "memory"
-            )
-        )
-    return out
+def _compared_kinds(cfg: DictConfig) -> list[str]:
+    kinds = list(cfg.profile.samplers) or list(PRESETS)
+    unknown = [k for k in kinds if k not in PRESETS]
+    if unknown:
+        raise ConfigError(f"profile.samplers={unknown} has no preset", f"choose from {', '.join(PRESETS)}")
+    return kinds
 
 
-def _rows(report: dict) -> dict:
-    plan, rec = report["plan"], report["recommendation"]
-    rows = {
-        "recommended formation": f"{rec['formation']} (+exp={rec.get('preset')})",
-        "budget": f"{plan['budget']['gb']} GB ({plan['budget']['why']})",
-        "full-graph training (predicted)": f"{plan['full_graph']['total_gb']} GB",
-        "mini-batch peak (predicted)": f"{plan['minibatch']['predicted_peak']['anon_bytes'] / 2**30:.2f} GB",
-        "largest fitting": str(rec.get("largest_fitting")),
+def _compare(cfg: DictConfig, kinds: list[str], run_dir: Path, plan: dict) -> dict:
+    """A short `gnnscale train` of each formation's preset (sampling.PRESETS, or profile.samplers), each in
+    run_dir/compare/<sampler>; a partition is made first where one is needed."""
+    # full-graph training gets as many steps as the neighbour preset's epochs have batches
+    neighbor_batch = compose_config("train", [f"+exp={PRESETS['neighbor']}"]).train.batch_size
+    rows = []
+    for kind in kinds:
+        out = run_dir / "compare" / kind
+        epochs = comparison_epochs(
+            kind, cfg.profile.compare_epochs, plan["graph"]["num_train"], neighbor_batch
+        )
+        tcfg = compose_config("train", comparison_overrides(cfg, PRESETS[kind], out, epochs))
+        info(f"[bold]compare[/bold]: {kind} (+exp={PRESETS[kind]}), {epochs} epoch(s)")
+        if partition_needed(tcfg):
+            partition_stage.run(partition_cfg(tcfg, str(out / "partition")))
+        summary = train_stage.run(tcfg)
+        rows.append(comparison_row(kind, PRESETS[kind], Path(summary["run_dir"]), summary))
+    metric = str(cfg.train.metric)
+    winner = pick_winner(rows, metric)
+    planned = plan["recommendation"]["formation"]
+    return {
+        "metric": metric,
+        "rows": rows,
+        "winner": winner,
+        "agreement": agreement(planned, winner, rows, metric),
     }
-    measured = report.get("measured")
-    if measured:
-        steps = measured["steps"]
-        rows["measured seeds/s"] = round(steps["seeds_per_s"])
-        rows["time split (ms/batch)"] = " ".join(
-            f"{k[:-2]} {v * 1000:.1f}" for k, v in steps["split_s"].items()
-        )
-        rows["closest bound"] = measured["bounds"]["summary"]
-        rows["batch doubling"] = measured["doubling"]["verdict"]
-    return rows

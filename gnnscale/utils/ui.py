@@ -157,3 +157,15 @@ def summary_table(title: str, rows: dict) -> None:
             value = f"{value:,}"
         table.add_row(str(key), str(value))
     console.print(table)
+
+
+def grid_table(title: str, header: list[str], rows: list[list]) -> None:
+    """A table with a header row (one line per item compared); floats to 4 significant digits."""
+    if not is_rank_zero():
+        return
+    table = Table(title=title, title_justify="left")
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    console.print(table)
