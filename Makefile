@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.gnnscale-installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile clean
+.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-link clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "}; /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,7 +29,7 @@ lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check gnnscale tests scripts
 	$(BIN)/ruff format --check gnnscale tests scripts
 
-bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile ## Run every benchmark (large: see scripts/bench_*.py)
+bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-link ## Run every benchmark (large: see scripts/bench_*.py)
 
 bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
 	$(BIN)/python scripts/bench_storage.py
@@ -60,6 +60,15 @@ bench-scaling: $(STAMP) ## 1 vs 2 processes (DDP), each gradient compression, lo
 
 bench-profile: $(STAMP) ## gnnscale profile's predicted memory vs real train runs (50k-500k synthetic, Cora)
 	$(BIN)/python scripts/bench_profile.py
+
+bench-recommend: $(STAMP) ## gnnscale recommend, every node of a 500k-node graph, K=20: time, memory, recall vs exact
+	$(BIN)/python scripts/bench_recommend.py
+
+bench-outofcore: $(STAMP) ## sage_2hop on the 5M-node graph in a 3 GB cgroup: uncapped, capped, capped + hot-feature cache (root, ~6 GB disk)
+	$(BIN)/python scripts/bench_outofcore.py
+
+bench-link: $(STAMP) ## task=link on Cora / CiteSeer (../shared/data) and the synthetic graph vs CN, Adamic-Adar, MLP
+	$(BIN)/python scripts/bench_link.py
 
 clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)
 	rm -rf graphs runs outputs bench/tmp

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
+from pathlib import Path
 
 import typer
 from omegaconf import OmegaConf
@@ -42,6 +44,12 @@ def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
         if not getattr(exc, "reported", False):  # a rank of a multi-process job may have said it already
             err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+    except OSError as exc:  # a full disk met outside the writers that say where and how much
+        if exc.errno != errno.ENOSPC:
+            raise
+        where = f" on {Path(exc.filename).parent}" if exc.filename else ""
+        err_console.print(f"error: no space left{where}; free some space there", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console.print(
             "error: interrupted; nothing half-written was published, re-run the same command to start again",
@@ -200,6 +208,47 @@ def infer_cmd(
 def _quote(value: str) -> str:
     """A Hydra override value that keeps a path's characters literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@app.command("verify", context_settings=_EXTRA)
+def verify_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """graph_dir: every shard and CSC file checked against the sha256 meta.json records, in a table.
+
+    Every stage that reads a graph_dir checks it too (verify=stamp, the default there: only files whose
+    size / mtime / inode changed since they were last verified are re-hashed; verify=full re-hashes all,
+    verify=off skips it). A missing or changed file is exit 2 naming the file and the command that rewrites it.
+
+    [bold]Examples[/bold]
+
+      gnnscale verify graph_dir=graphs/cora               [dim]# re-hash every file[/dim]
+
+      gnnscale verify graph_dir=graphs/syn500k verify=stamp
+
+      gnnscale train graph_dir=graphs/cora verify=full    [dim]# any reading stage: re-hash before it starts[/dim]
+    """
+    _run("verify", ctx.args, cfg)
+
+
+@app.command("recommend", context_settings=_EXTRA)
+def recommend_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
+    """Embeddings -> each node's top-K candidate partners that are not already its neighbours, nor itself.
+
+    Reads embeddings.npy of an infer run (infer_dir= a run_dir, or emb= a .npy; default the newest under
+    runs/infer) and the graph's CSC. Exact inner-product search (faiss) below recommend.exact_below nodes,
+    an IVF index above it, tuned on a sample to reach recommend.target_recall vs exact search (reported in
+    summary.json). Writes recommendations.npy (int64 \\[n, k]) + scores.npy (float32), or recommendations.csv.
+
+    [bold]Examples[/bold]
+
+      gnnscale recommend                                   [dim]# newest infer run, every node, k=20[/dim]
+
+      gnnscale recommend infer_dir=runs/infer/20260101-120000 recommend.k=50
+
+      gnnscale recommend recommend.nodes=[0,17,42] recommend.metric=cosine recommend.format=csv
+
+      gnnscale recommend recommend.nodes=ids.npy recommend.index=hnsw recommend.target_recall=0.98
+    """
+    _run("recommend", ctx.args, cfg)
 
 
 @app.command("pipeline", context_settings=_EXTRA)

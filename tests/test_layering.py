@@ -18,6 +18,7 @@ LAYERS = {
     "tasks": 2,
     "training": 3,
     "inference": 3,
+    "recommend": 3,
     "partition": 3,
     "dist": 3,
     "pipeline": 4,

@@ -45,6 +45,7 @@ class SyntheticDataConfig(DataConfig):
     )
     seed: int = 0
     use_source_split: bool = False
+    labels: bool = True  # false: store no labels (every node -1, num_classes 0): a graph for task=link
 
 
 @dataclass
@@ -63,8 +64,9 @@ class NpzDataConfig(DataConfig):
 class EdgelistDataConfig(DataConfig):
     source: str = "edgelist"
     name: str = "auto"
-    features: Optional[str] = None  # .npy [N, F]
-    labels: Optional[str] = None  # .npy [N], -1 = unlabelled
+    # .npy [N, F]; unset: seeded random features (feat_dim); `none`: structural [1, log1p(degree)]
+    features: Optional[str] = None
+    labels: Optional[str] = None  # .npy [N], -1 = unlabelled; unset: no labels (task=link only)
     split: Optional[str] = None  # .npy [N] of 0 train / 1 val / 2 test / -1 none
     num_nodes: int = 0  # 0 = the label file's length; if set, it must agree with it
     delimiter: str = "auto"  # auto | , | tab | space
@@ -86,6 +88,38 @@ class OgbDataConfig(DataConfig):
     source: str = "ogb"
     name: str = "auto"
     split_name: str = "auto"  # folder under split/ (e.g. sales_ranking, time)
+
+
+# ---------------------------------------------------------------- tasks (group `task`)
+@dataclass
+class TaskConfig:
+    name: str = "node"  # node (classification) | link (edge prediction)
+
+
+@dataclass
+class LinkTaskConfig(TaskConfig):
+    """`task=link`: edge prediction on a seeded train / val / test split of the edges (storage/edge_split.py)."""
+
+    name: str = "link"
+    val_fraction: float = 0.05  # of the edges (an undirected edge's two directions count once)
+    test_fraction: float = 0.10
+    split_file: Optional[str] = None  # .npz with val / test [P, 2] (src, dst) arrays: your own split
+    num_negatives: int = 1  # sampled negatives per positive edge while training
+    negative_sampler: str = "uniform"  # uniform | degree (degree^0.75, as word2vec and PinSAGE)
+    in_batch_negatives: bool = False  # also score each source against the batch's other destinations
+    decoder: str = "dot"  # dot | mlp (on the endpoints' elementwise product)
+    loss: str = "bce"  # bce | margin (hinge on pos - neg, margin 1)
+    eval_negatives: int = 1000  # negatives each val / test positive is ranked against (OGB protocol)
+    metric: str = "auc"  # early stopping and the summary: auc | mrr | hits@10 | hits@50 | hits@100
+    # cluster_gcn: the share of a batch's edges that are its targets (removed from its message passing)
+    target_fraction: float = 0.3
+    # edges: the training edges are the positives; random_walk: pairs met on short random walks
+    # (unsupervised GraphSAGE, +exp=sage_unsup), walk_length steps from each node with a neighbour
+    positives: str = "edges"
+    walk_length: int = 5
+
+
+TASK_SCHEMAS = {"node": TaskConfig, "link": LinkTaskConfig}
 
 
 # ---------------------------------------------------------------- models (group `model`)
@@ -272,6 +306,11 @@ class StageBase:
     ui: UiOptions = field(default_factory=UiOptions)
 
 
+# What a stage that reads a graph_dir checks first (storage/verify.py): stamp = re-hash only the files
+# whose verification stamp no longer matches, full = re-hash every file, off = nothing.
+VERIFY_DEFAULT = "stamp"
+
+
 @dataclass
 class ShardStageConfig(StageBase):
     shard: ShardOptions = field(default_factory=ShardOptions)
@@ -280,6 +319,7 @@ class ShardStageConfig(StageBase):
 @dataclass
 class BuildCscStageConfig(StageBase):
     csc: CscOptions = field(default_factory=CscOptions)
+    verify: str = VERIFY_DEFAULT  # stamp | full | off: the shards it reads
 
 
 @dataclass
@@ -310,6 +350,35 @@ class InferStageConfig(StageBase):
     graph_dir: Optional[str] = None  # default: the graph the checkpoint was trained on
     data: Any = None
     infer: InferOptions = field(default_factory=InferOptions)
+    verify: str = VERIFY_DEFAULT  # stamp | full | off: the graph_dir files it reads
+
+
+@dataclass
+class RecommendOptions:
+    k: int = 20  # candidate partners per node (not itself, not already a neighbour in either direction)
+    nodes: Any = None  # None = every node; a list of ids, or a .npy / .txt file of node ids
+    metric: str = "ip"  # ip (inner product) | cosine (inner product of L2-normalised embeddings)
+    index: str = "auto"  # auto (exact below exact_below nodes, else ivf) | exact | ivf | hnsw
+    exact_below: int = 200_000
+    nlist: int = 0  # ivf: inverted lists; 0 = 4 * sqrt(num_nodes)
+    nprobe: int = 0  # ivf: lists searched per query; 0 = the smallest power of 2 reaching target_recall
+    hnsw_m: int = 32  # hnsw: links per node
+    ef_construction: int = 64  # hnsw: build-time beam
+    ef_search: int = 0  # hnsw: search beam; 0 = the smallest power of 2 reaching target_recall
+    target_recall: float = 0.95  # approximate index: recall@k vs exact search the tuning aims for
+    recall_sample: int = 1000  # queries whose approximate results are checked against exact search
+    chunk_size: int = 8192  # queries per search call (bounds the result buffers)
+    format: str = "npy"  # npy (recommendations.npy + scores.npy) | csv (recommendations.csv)
+    num_threads: int = 0  # faiss OpenMP threads; 0 = faiss's default
+
+
+@dataclass
+class RecommendStageConfig(StageBase):
+    emb: Optional[str] = None  # an embeddings .npy or an infer run_dir; default the newest under runs/infer
+    infer_dir: Optional[str] = None  # an infer run_dir (same as emb=RUN_DIR)
+    graph_dir: Optional[str] = None  # default: the graph the embeddings were computed on (emb_info.json)
+    data: Any = None
+    recommend: RecommendOptions = field(default_factory=RecommendOptions)
 
 
 @dataclass
@@ -368,6 +437,11 @@ class TrainOptions:
     metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
     resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)
     feature_cache: str = "auto"  # auto | memory | mmap: hold features in RAM or gather from the shards
+    # Hot-feature cache, GB of feature rows (0 = off): with memory-mapped features, the rows of the
+    # highest in-degree nodes are held in RAM and the rest read from the shards. It lives under train,
+    # not storage: like feature_cache it is a per-run choice the train memory plan sizes (shrunk, said in
+    # one line, when the budget has less room), not a property of the graph_dir.
+    cache_gb: float = 0.0
     # What the run may use: auto = 90% of the memory limit it runs under (cgroup v2/v1, else
     # MemAvailable), or a size (6GB). Decides feature_cache=auto and the prefetch depth; a run that
     # cannot fit exits before training with settings that would.
@@ -385,11 +459,13 @@ class TrainOptions:
 @dataclass
 class TrainStageConfig(StageBase):
     resume: Optional[str] = None  # RUN_DIR: continue that run from its checkpoints/last.pt
+    task: Any = MISSING
     model: Any = MISSING
     sampler: Any = MISSING
     precision: Any = MISSING
     dist: Any = MISSING
     train: TrainOptions = field(default_factory=TrainOptions)
+    verify: str = VERIFY_DEFAULT  # stamp | full | off: the graph_dir files it reads
 
 
 @dataclass
@@ -404,6 +480,14 @@ class PartitionOptions:
 @dataclass
 class PartitionStageConfig(StageBase):
     partition: PartitionOptions = field(default_factory=PartitionOptions)
+    verify: str = VERIFY_DEFAULT  # stamp | full | off: the graph_dir files it reads
+
+
+@dataclass
+class VerifyStageConfig(StageBase):
+    """`gnnscale verify`: every file meta.json records, re-hashed (full) or by stamp."""
+
+    verify: str = "full"
 
 
 @dataclass
@@ -467,11 +551,14 @@ STAGE_SCHEMAS = {
     "train": TrainStageConfig,
     "infer": InferStageConfig,
     "profile": ProfileStageConfig,
+    "recommend": RecommendStageConfig,
+    "verify": VerifyStageConfig,
 }
 
 # group -> option -> schema; each configs/<group>/<option>.yaml lists `<option>_schema` first.
 GROUP_SCHEMAS = {
     "data": DATA_SCHEMAS,
+    "task": TASK_SCHEMAS,
     "model": MODEL_SCHEMAS,
     "sampler": SAMPLER_SCHEMAS,
     "precision": PRECISION_SCHEMAS,

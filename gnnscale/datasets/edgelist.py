@@ -30,6 +30,18 @@ DELIMITERS = {
     " ": r"\s+",
     ";": ";",
 }
+STRUCTURAL_DIM = 2  # data.features=none: [1, log1p(degree)] per node
+
+
+def structural_features(degree: np.ndarray) -> np.ndarray:
+    """A featureless graph's node features: a constant and log(1 + degree). Degree is the one signal every
+    graph has, and a fixed function of the graph (unlike learnable per-node embeddings) keeps the model
+    inductive: it applies to nodes added later and its size does not grow with N."""
+    out = np.ones((len(degree), STRUCTURAL_DIM), dtype=np.float32)
+    out[:, 1] = np.log1p(degree)
+    return out
+
+
 EDGE_HINT = "each line must be two integer node ids 'src,dst' (CSV or TSV, an optional header line)"
 
 
@@ -181,23 +193,26 @@ class EdgelistSource(Source):
         number, line = first_line(self.path)
         self.sep = detect_delimiter(line, str(cfg.delimiter))
         self.header = has_header(line, self.sep, self.path, number)
-        if not cfg.labels:
-            # Without labels every node would be unlabelled, and nothing could be trained or scored.
-            raise DataError(
-                "an edge list carries no labels",
-                "give a label file: data.labels=labels.npy ([N] integers, -1 = unlabelled)",
-            )
-        self._label = as_labels(load_npy(cfg.labels, "label file", "data.labels"))
-        self._feat = self._load_features()
+        # No label file: every node is unlabelled (num_classes 0); `task=link` trains on the edges alone.
+        self._label = as_labels(load_npy(cfg.labels, "label file", "data.labels")) if cfg.labels else None
+        self._structural = isinstance(cfg.features, str) and cfg.features.lower() == "none"  # no feature file
+        self._feat = None if self._structural else self._load_features()
         self.num_nodes = self._count_nodes()
-        self.feat_dim = int(self._feat.shape[1]) if self._feat is not None else int(cfg.feat_dim)
+        self._degree = self._count_degrees() if self._structural else None
+        self.feat_dim = (
+            STRUCTURAL_DIM
+            if self._structural
+            else int(self._feat.shape[1])
+            if self._feat is not None
+            else int(cfg.feat_dim)
+        )
         if self.feat_dim < 1:
             raise DataError(
                 f"data.feat_dim={self.feat_dim} must be positive",
                 "set data.feat_dim=16 or give data.features=",
             )
         self._split = self._load_split() if cfg.split and cfg.use_source_split else None
-        self.num_classes = None
+        self.num_classes = None if self._label is not None else 0
 
     def _load_features(self) -> np.ndarray | None:
         if not self.cfg.features:
@@ -208,7 +223,7 @@ class EdgelistSource(Source):
                 f"features have shape {feat.shape} and dtype {feat.dtype}, expected a numeric [N, F] array",
                 "save a 2-D float array with numpy.save",
             )
-        if len(feat) != len(self._label):
+        if self._label is not None and len(feat) != len(self._label):
             raise DataError(
                 f"the feature file has {len(feat)} rows but the label file has {len(self._label)} entries",
                 "features and labels need one row per node, in the same order",
@@ -216,15 +231,37 @@ class EdgelistSource(Source):
         return feat
 
     def _count_nodes(self) -> int:
-        """The per-node files fix N (labels are required, so no pass over the edges is needed to find
-        it); data.num_nodes, when set, must agree with them."""
-        n = len(self._label)
+        """The per-node files fix N; data.num_nodes, when set, must agree with them. With neither a label
+        nor a feature file: data.num_nodes, or one pass over the edges (largest id + 1)."""
+        per_node = self._label if self._label is not None else self._feat
+        what = "label file" if self._label is not None else "feature file"
+        if per_node is None:
+            if int(self.cfg.num_nodes) > 0:
+                return int(self.cfg.num_nodes)
+            top = -1
+            for src, dst in self.edge_chunks():
+                if len(src):
+                    top = max(top, int(src.max()), int(dst.max()))
+            return top + 1
+        n = len(per_node)
         if int(self.cfg.num_nodes) > 0 and int(self.cfg.num_nodes) != n:
             raise DataError(
-                f"data.num_nodes={self.cfg.num_nodes} but the label file has {n} entries",
-                "drop data.num_nodes (it is taken from the label file) or fix it",
+                f"data.num_nodes={self.cfg.num_nodes} but the {what} has {n} entries",
+                f"drop data.num_nodes (it is taken from the {what}) or fix it",
             )
         return n
+
+    def _count_degrees(self) -> np.ndarray:
+        """Each node's degree (in + out over the file's lines), for data.features=none."""
+        deg = np.zeros(self.num_nodes, dtype=np.int64)
+        for src, dst in self.edge_chunks():
+            if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= self.num_nodes):
+                raise DataError(
+                    f"an edge endpoint is outside [0, {self.num_nodes})",
+                    "node ids must be 0..N-1; fix the edge file or data.num_nodes",
+                )
+            deg += np.bincount(src, minlength=self.num_nodes) + np.bincount(dst, minlength=self.num_nodes)
+        return deg
 
     def _load_split(self) -> np.ndarray:
         raw = load_npy(self.cfg.split, "split file", "data.split")
@@ -250,7 +287,9 @@ class EdgelistSource(Source):
     def node_blocks(self) -> Iterator[NodeBlock]:
         for b, lo in enumerate(range(0, self.num_nodes, BLOCK_ROWS)):
             hi = min(lo + BLOCK_ROWS, self.num_nodes)
-            if self._feat is not None:
+            if self._structural:
+                feat = structural_features(self._degree[lo:hi])
+            elif self._feat is not None:
                 feat = np.asarray(self._feat[lo:hi], dtype=np.float32)
             else:
                 # No feature file: seeded Gaussian features, one generator per block so they stream.
@@ -258,7 +297,8 @@ class EdgelistSource(Source):
                     (hi - lo, self.feat_dim), dtype=np.float32
                 )
             split = None if self._split is None else self._split[lo:hi]
-            yield NodeBlock(lo, feat, self._label[lo:hi], split)
+            label = self._label[lo:hi] if self._label is not None else np.full(hi - lo, -1, dtype=np.int64)
+            yield NodeBlock(lo, feat, label, split)
 
     def edge_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return read_edge_chunks(self.path, self.sep, self.header, self.chunk_edges)
@@ -267,9 +307,11 @@ class EdgelistSource(Source):
         return {
             "path": str(self.path),
             "header": self.header,
-            "features": str(self.cfg.features)
+            "features": "structural: [1, log1p(degree)]"
+            if self._structural
+            else str(self.cfg.features)
             if self.cfg.features
             else f"random (feat_seed={self.cfg.feat_seed})",
-            "labels": str(self.cfg.labels),
+            "labels": str(self.cfg.labels) if self.cfg.labels else "none",
             "split": str(self.cfg.split) if self._split is not None else "random",
         }

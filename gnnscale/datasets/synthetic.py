@@ -24,8 +24,9 @@ class SyntheticSource(Source):
         self.name = cfg.name
         self.num_nodes = int(cfg.num_nodes)
         self.feat_dim = int(cfg.feat_dim)
-        self.num_classes = int(cfg.num_classes)
-        if self.num_nodes < 2 or self.num_classes < 2 or self.feat_dim < 1:
+        self.labelled = bool(cfg.get("labels", True))  # data.labels=false: an unlabelled graph (task=link)
+        self.num_classes = int(cfg.num_classes) if self.labelled else 0
+        if self.num_nodes < 2 or int(cfg.num_classes) < 2 or self.feat_dim < 1:
             raise DataError(
                 "synthetic graph needs num_nodes >= 2, num_classes >= 2, feat_dim >= 1",
                 "fix data.num_nodes / num_classes / feat_dim",
@@ -42,8 +43,8 @@ class SyntheticSource(Source):
             raise DataError("data.power_law_exponent must be > 2 (finite mean degree)", "use e.g. 2.5")
         self.seed = int(cfg.seed)
         self.chunk_edges = int(cfg.chunk_edges)
-        self._labels = (
-            self._rng(_LABEL_STREAM).integers(0, self.num_classes, size=self.num_nodes).astype(np.int32)
+        self._labels = (  # the communities: the same whether the labels are stored or not
+            self._rng(_LABEL_STREAM).integers(0, int(cfg.num_classes), size=self.num_nodes).astype(np.int32)
         )
 
     def _rng(self, stream: int, index: int = 0) -> np.random.Generator:
@@ -53,12 +54,17 @@ class SyntheticSource(Source):
         return self._labels[lo:hi].astype(np.int64)
 
     def node_blocks(self, block_rows: int = 65536) -> Iterator[NodeBlock]:
-        means = self._rng(_MEAN_STREAM).standard_normal((self.num_classes, self.feat_dim)).astype(np.float32)
+        means = (
+            self._rng(_MEAN_STREAM)
+            .standard_normal((int(self.cfg.num_classes), self.feat_dim))
+            .astype(np.float32)
+        )
         for b, lo in enumerate(range(0, self.num_nodes, block_rows)):
             hi = min(lo + block_rows, self.num_nodes)
             label = self.labels_of(lo, hi)
+            stored = label if self.labelled else np.full(hi - lo, -1, dtype=np.int64)
             noise = self._rng(_NODE_STREAM, b).standard_normal((hi - lo, self.feat_dim), dtype=np.float32)
-            yield NodeBlock(lo, noise + np.float32(self.cfg.feature_signal) * means[label], label, None)
+            yield NodeBlock(lo, noise + np.float32(self.cfg.feature_signal) * means[label], stored, None)
 
     def _propensity(self) -> np.ndarray:
         u = self._rng(_DEGREE_STREAM).random(self.num_nodes)
@@ -71,7 +77,7 @@ class SyntheticSource(Source):
         order = np.argsort(self._labels, kind="stable")
         cum = np.cumsum(theta[order])
         del theta
-        bounds = np.searchsorted(self._labels[order], np.arange(self.num_classes + 1))
+        bounds = np.searchsorted(self._labels[order], np.arange(int(self.cfg.num_classes) + 1))
         class_lo = np.concatenate([[0.0], cum])[bounds[:-1]]
         class_mass = cum[bounds[1:] - 1] - class_lo
         total = cum[-1]

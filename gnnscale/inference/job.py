@@ -24,6 +24,7 @@ from gnnscale.inference.update import update_layers
 from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, LAYERS, PREDICTIONS
+from gnnscale.utils.faults import fault_point
 from gnnscale.utils.memlimit import parse_size, resolve_budget
 from gnnscale.utils.ui import info, make_progress
 
@@ -93,6 +94,7 @@ def _progress_cb(bar, num_layers: int):
         if layer not in tasks:
             tasks[layer] = bar.add_task(f"layer {layer + 1}/{num_layers}", total=total, extra="")
         bar.update(tasks[layer], completed=done)
+        fault_point("infer.batch")  # tests/test_faults.py: a deterministic kill point mid-layer
 
     return cb
 

@@ -10,6 +10,8 @@ Files written before format_version existed are version 1.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,27 +20,68 @@ from omegaconf import OmegaConf
 
 from gnnscale.errors import ConfigError, DataError
 from gnnscale.models import GNN, build_model, model_signature, signature_hash
-from gnnscale.utils.atomic import atomic_path
+from gnnscale.utils.atomic import atomic_path, write_json
+from gnnscale.utils.diskspace import ensure_space
 
 FORMAT_VERSION = 1
+KNOWN_VERSIONS = (1,)
 REQUIRED_KEYS = ("model", "model_cfg", "graph")
+# Beside the checkpoints: {file name: [sha256, ...]}, the hashes a checkpoint file may have. While a file is
+# being replaced both its old and new hash are listed, so a run killed at any point leaves a pair that
+# checks; a changed byte matches neither.
+SUMS_FILE = "sha256.json"
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"format_version": FORMAT_VERSION, **state}, tmp)
+def _read_sums(folder: Path) -> dict:
+    try:
+        sums = json.loads((folder / SUMS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return sums if isinstance(sums, dict) else {}
+
+
+def save_checkpoint(paths: Path | list[Path], state: dict) -> None:
+    """Write state to each path (serialised once: best.pt and last.pt of one epoch are the same bytes),
+    atomically, with its sha256 recorded in SUMS_FILE beside it."""
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    buf = io.BytesIO()
+    torch.save({"format_version": FORMAT_VERSION, **state}, buf)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    folder = paths[0].parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".*.pt.*.tmp"):  # left by a run killed mid-write (the run_dir lock is ours)
+        stale.unlink(missing_ok=True)
+    ensure_space(folder, len(data) * len(paths) + 16384)  # the last epoch's files stay as they are
+    sums = _read_sums(folder)
+    # until each file is renamed into place, every hash it may have on disk stays accepted
+    pending = {p.name: list(dict.fromkeys([digest, *sums.get(p.name, [])])) for p in paths}
+    write_json(folder / SUMS_FILE, {**sums, **pending})
+    for path in paths:
+        with atomic_path(path, need_bytes=len(data)) as tmp:
+            tmp.write_bytes(data)
+    write_json(folder / SUMS_FILE, {**sums, **{p.name: [digest] for p in paths}})
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """The raw checkpoint dict; the one place a checkpoint is unpickled (weights_only)."""
+    """The raw checkpoint dict; the one place a checkpoint is unpickled (weights_only), after its sha256
+    is checked against the one train recorded beside it (checkpoints/sha256.json)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(
             f"checkpoint {path} does not exist",
             "point resume=/ckpt= at a train run_dir that has checkpoints/last.pt",
         )
+    data = path.read_bytes()
+    recorded = _read_sums(path.parent).get(path.name)
+    if recorded and hashlib.sha256(data).hexdigest() not in recorded:
+        raise DataError(
+            f"checkpoint {path} does not match the sha256 recorded in {path.parent / SUMS_FILE} "
+            "(it is corrupt or was changed)",
+            "restore the file, or retrain (`gnnscale train`, overwrite=true for this run_dir)",
+        )
     try:
-        ckpt = torch.load(str(path), map_location="cpu", weights_only=True)
+        ckpt = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DataError(
@@ -49,10 +92,12 @@ def read_checkpoint(path: str | Path) -> dict:
         raise DataError(
             f"checkpoint {path} lacks {', '.join(missing)}", "pass a checkpoint written by `gnnscale train`"
         )
-    if int(ckpt.get("format_version", 1)) > FORMAT_VERSION:
+    version = ckpt.get("format_version", 1)
+    if not isinstance(version, int) or version not in KNOWN_VERSIONS:
         raise DataError(
-            f"checkpoint {path} has format version {ckpt['format_version']}, this gnnscale reads up to {FORMAT_VERSION}",
-            "upgrade gnnscale",
+            f"checkpoint {path} has format version {version!r}, this gnnscale reads "
+            f"{', '.join(map(str, KNOWN_VERSIONS))}",
+            "upgrade gnnscale if a newer one wrote it, or retrain with this one",
         )
     return ckpt
 
@@ -90,6 +135,7 @@ class LoadedCheckpoint:
     signature_hash: str
     weights_hash: str
     epoch: int | None
+    task: str = "node"  # link: the last layer is an embedding of width num_classes, not class logits
 
     @property
     def num_layers(self) -> int:
@@ -138,6 +184,7 @@ def load_model(path: Path) -> LoadedCheckpoint:
         signature_hash=sig_hash,
         weights_hash=weights_hash(ckpt["model"]),
         epoch=int(epoch) if epoch is not None else None,
+        task=str(ckpt.get("task", "node")),
     )
 
 
@@ -150,7 +197,7 @@ def check_fits_graph(ck: LoadedCheckpoint, graph) -> None:
             f"checkpoint {ck.path} expects {ck.in_dim} input features but graph_dir '{graph.path}' has feat_dim {feat_dim} ({trained_on})",
             "pass graph_dir= the graph the model was trained on, or retrain on this one",
         )
-    if ck.num_classes != num_classes:
+    if ck.task == "node" and ck.num_classes != num_classes:
         raise DataError(
             f"checkpoint {ck.path} predicts {ck.num_classes} classes but graph_dir '{graph.path}' has {num_classes} ({trained_on})",
             "pass graph_dir= the graph the model was trained on, or retrain on this one",

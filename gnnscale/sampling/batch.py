@@ -24,6 +24,7 @@ class Batch:
     loss_weight: torch.Tensor | None = None  # per-seed loss weights (GraphSAINT's normalisation)
     pos_pairs: torch.Tensor | None = None  # [2, P] edge-task fields: positive (src, dst) pairs ...
     neg_pairs: torch.Tensor | None = None  # ... and sampled negatives
+    neg_dst: torch.Tensor | None = None  # [E] negatives every positive's source is scored against (eval)
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
     sample_s: float = 0.0
@@ -43,7 +44,7 @@ class Batch:
             self.blocks = [b.to(device) for b in self.blocks]
         if self.subgraph is not None:
             self.subgraph = self.subgraph.to(device)
-        for name in ("x", "y", "output_rows", "loss_weight", "pos_pairs", "neg_pairs"):
+        for name in ("x", "y", "output_rows", "loss_weight", "pos_pairs", "neg_pairs", "neg_dst"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.to(device))

@@ -8,7 +8,9 @@ from omegaconf import DictConfig
 from gnnscale.stages.common import metered
 from gnnscale.storage.csc import build_csc, open_csc
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.lock import graph_lock_path, hold
 from gnnscale.storage.run_dir import make_run_dir, write_summary
+from gnnscale.storage.verify import stamp_written, verify_graph_dir
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 
@@ -31,18 +33,24 @@ def degree_stats(indptr: np.ndarray, block: int = 1 << 22, cap: int = 1 << 16) -
 
 
 def run(cfg: DictConfig) -> dict:
-    run_dir = make_run_dir(cfg, "build_csr")
-    graph = GraphDir(cfg.graph_dir)
-    with metered() as meter:
-        with make_progress() as bar:
-            check = bar.add_task("verify shards", total=graph.num_shards, extra="")
-            graph.verify(progress=lambda k, total: bar.update(check, completed=k))
-            task = bar.add_task("build csc", total=graph.num_shards, extra="")
-            csc = build_csc(
-                graph, validate=cfg.csc.validate, progress=lambda k, total: bar.update(task, completed=k)
-            )
-        indptr, _ = open_csc(graph)
-        degrees = degree_stats(indptr)
+    GraphDir(cfg.graph_dir)  # absent or incomplete: exit 2 before a lock file is made beside it
+    with hold(graph_lock_path(cfg.graph_dir), f"graph_dir '{cfg.graph_dir}'", "build-csr"):
+        graph = GraphDir(cfg.graph_dir)
+        run_dir = make_run_dir(cfg, "build_csr")
+        with metered() as meter:
+            with make_progress() as bar:
+                check = bar.add_task("verify shards", total=graph.num_shards, extra="")
+                verify_graph_dir(
+                    graph.path, cfg.verify, ("shards",), graph.meta, writer=True,
+                    progress=lambda k, total: bar.update(check, completed=k + 1),
+                )  # fmt: skip
+                task = bar.add_task("build csc", total=graph.num_shards, extra="")
+                csc = build_csc(
+                    graph, validate=cfg.csc.validate, progress=lambda k, total: bar.update(task, completed=k)
+                )
+            stamp_written(graph.path, [(f"{csc['dir']}/{f}", sha) for f, sha in csc["sha256"].items()])
+            indptr, _ = open_csc(graph)
+            degrees = degree_stats(indptr)
     summary = {
         "stage": "build_csr",
         "graph_dir": str(cfg.graph_dir),

@@ -33,6 +33,8 @@ from gnnscale.stages.common import metered
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.run_dir import EMB_INFO, SUMMARY, find_checkpoint, make_run_dir, write_summary
+from gnnscale.storage.verify import verify_graph_dir
+from gnnscale.utils.diskspace import ensure_space
 from gnnscale.utils.ui import info, summary_table
 
 
@@ -52,12 +54,14 @@ def run(cfg: DictConfig) -> dict:
         return _update(cfg, opts, device)
     ck = load_model(find_checkpoint(cfg.get("ckpt")))
     graph = open_graph(cfg.get("graph_dir") or ck.graph.get("graph_dir"), ck)
+    verify_graph_dir(graph.path, cfg.get("verify", "stamp"), meta=graph.meta)  # exit 2 naming a bad file
     layer = emb_layer(opts.layer, ck.num_layers)
     run_dir = make_run_dir(cfg, "infer")
     if opts.mode == "sampled":
         with metered() as meter:
             summary = run_sampled(ck, graph, layer, run_dir, opts, int(cfg.seed), device)
         return _report({**summary, **meter.stats()}, run_dir)
+    ensure_space(run_dir, _disk_bytes(ck, graph.num_nodes, opts))  # mapped writes: refuse up front
     with metered() as meter:
         indptr, indices = open_csc(graph)
         model = ck.model.to(device)
@@ -67,8 +71,15 @@ def run(cfg: DictConfig) -> dict:
     return _report(layerwise_summary("layerwise", ck, graph, layers, out, meter.stats()), run_dir)
 
 
+def _disk_bytes(ck, num_nodes: int, opts) -> int:
+    """About what a layer-wise run writes: every layer's rows (or only the embedding layer's), predictions."""
+    widths = [int(ck.model_cfg.get("hidden", 0))] * (ck.num_layers - 1) + [ck.num_classes]
+    return num_nodes * (4 * (sum(widths) if opts.cache_layers else max(widths)) + 8)
+
+
 def _update(cfg: DictConfig, opts, device) -> dict:
     job = open_update(cfg.get("ckpt"), cfg.get("graph_dir"), opts)
+    verify_graph_dir(job.graph.path, cfg.get("verify", "stamp"), meta=job.graph.meta)
     run_dir = make_run_dir(cfg, "infer")
     with metered() as meter:
         layers, out, fields = run_update(job, run_dir, opts, device, bool(cfg.overwrite))

@@ -9,8 +9,10 @@ from gnnscale.partition import STAGE_METHODS, check_method, current_report, make
 from gnnscale.stages.common import metered
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.lock import hold
 from gnnscale.storage.partitions import partition_dir
 from gnnscale.storage.run_dir import make_run_dir, write_summary
+from gnnscale.storage.verify import verify_graph_dir
 from gnnscale.utils.ui import info, summary_table
 
 PER_PART = ("nodes_per_part", "edges_per_part", "train_nodes_per_part")
@@ -23,8 +25,15 @@ def run(cfg: DictConfig) -> dict:
     resolve, current, make = _makers(method)
     num_parts = resolve(opts.num_parts, graph.num_nodes)
     open_csc(graph)  # no CSC: "run gnnscale build-csr first", before a run folder is made
-    run_dir = make_run_dir(cfg, "partition")
+    verify_graph_dir(graph.path, cfg.verify, meta=graph.meta)  # exit 2 naming a bad file
     folder = partition_dir(graph, method, num_parts)
+    with hold(folder.parent / ".lock", f"'{folder.parent}'", "partition"):  # one partition writer at a time
+        return _run(cfg, graph, method, num_parts, folder, current, make)
+
+
+def _run(cfg: DictConfig, graph, method: str, num_parts: int, folder, current, make) -> dict:
+    opts = cfg.partition
+    run_dir = make_run_dir(cfg, "partition")
     report = None if cfg.overwrite else current(graph, method, num_parts, opts.balance_train)
     reused = report is not None
     with metered() as meter:

@@ -6,14 +6,17 @@ from omegaconf import DictConfig
 
 from gnnscale.datasets import build_source, source_fingerprint
 from gnnscale.stages.common import metered
+from gnnscale.storage.lock import graph_lock_path, hold
 from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.storage.shard_writer import EdgePolicy, ShardWriter
+from gnnscale.storage.verify import stamp_written
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 
 def run(cfg: DictConfig) -> dict:
     run_dir = make_run_dir(cfg, "shard")
-    with metered() as meter:
+    lock = hold(graph_lock_path(cfg.graph_dir), f"graph_dir '{cfg.graph_dir}'", "shard")
+    with lock, metered() as meter:
         source = build_source(cfg.data)
         d = cfg.data
         writer = ShardWriter(
@@ -54,6 +57,7 @@ def run(cfg: DictConfig) -> dict:
         except BaseException:
             writer.abort()
             raise
+        stamp_written(cfg.graph_dir, [(s["file"], s["sha256"]) for s in meta["shards"]])  # hashed as written
     summary = _summary(cfg, meta, meter)
     write_summary(run_dir, summary)
     summary_table(f"shard: {meta['name']} -> {cfg.graph_dir}", _rows(meta, summary))

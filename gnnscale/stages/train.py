@@ -20,20 +20,28 @@ from gnnscale.dist.split import dist_summary, rank_budget, rank_share
 from gnnscale.errors import MemoryBudgetError
 from gnnscale.sampling import set_sampling_threads
 from gnnscale.stages.common import cpu_count, metered
+from gnnscale.storage.lock import run_dir_lock
 from gnnscale.storage.run_dir import SAMPLER_CACHE, make_run_dir, write_summary
 from gnnscale.tasks import build_task
 from gnnscale.training.alloc import keep_heap_warm
 from gnnscale.training.build import build_samplers, build_trainer, preflight
+from gnnscale.training.cache_stats import CacheHitRate
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
-from gnnscale.training.data import load_train_data
 from gnnscale.training.diagnostics import build_diagnostics
-from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
+from gnnscale.training.options import pick_device
 from gnnscale.training.phases import resolve_epochs, resolve_phases, uses_phases
 from gnnscale.training.precision import Precision
 from gnnscale.training.report import summary_rows, train_summary
 from gnnscale.training.resume import clear_previous_run, settle_run_dir
 from gnnscale.training.sync import Sync
-from gnnscale.utils.memlimit import resolve_budget
+from gnnscale.training.task_setup import (
+    check_task,
+    few_labels_profile,
+    link_summary,
+    load_task_data,
+    task_name,
+)
+from gnnscale.utils.memlimit import gb, resolve_budget
 from gnnscale.utils.ui import info, make_progress, summary_table
 
 
@@ -42,7 +50,7 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
         from gnnscale.dist.distdgl import run_train
 
         return run_train(cfg)
-    check_train_cfg(cfg)
+    check_task(cfg)  # train.* and task.* settings
     cfg = resolve_epochs(cfg)  # train.phases given: the run's epochs are theirs (config.yaml records it)
     device = pick_device(cfg.train.device)
     if cfg.dist.kind == "ddp":
@@ -61,20 +69,27 @@ def run(cfg: DictConfig, on_epoch_end: Callable[[int], None] | None = None) -> d
 
 def _train(cfg: DictConfig, sync: Sync, device, on_epoch_end) -> dict:
     cfg, resume_dir = sync.agree(lambda: settle_run_dir(cfg, name_it=sync.world > 1))
+    with run_dir_lock(cfg.get("run_dir"), "train", enabled=sync.rank == 0):  # a second process: exit 2
+        return _fit(cfg, resume_dir, sync, device, on_epoch_end)
+
+
+def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
     threads = _setup_process(cfg, sync)
-    data = load_train_data(cfg.graph_dir)  # features memory-mapped until the memory plan says otherwise
-    cfg, few_labels = _few_labels(cfg, len(data.splits["train"]))
+    data = load_task_data(cfg)  # files checked; features mmap'd until planned; link: its edge split's graph
+    cfg, few_labels = few_labels_profile(cfg, data)  # node task: train.few_labels on a small train split
     precision = Precision(cfg.precision.dtype, device)
     existed = bool(cfg.get("run_dir")) and Path(cfg.run_dir).exists()
     run_dir = make_run_dir(cfg, "train")
     data, rank_callbacks, all_train = rank_share(cfg, data, sync)
     samplers = sync.rank_zero_first(lambda: build_samplers(cfg, data, run_dir / SAMPLER_CACHE))
     memory = _plan_memory(cfg, data, device, samplers, None if existed else run_dir, sync)
-    task = build_task("node", cfg.train, data, device)
+    task = build_task(task_name(cfg), cfg.train, data, device, task_cfg=cfg.get("task"))
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
         callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end, sync) + rank_callbacks
+        cache_stats = CacheHitRate(data.features) if data.features.cache_rows else None
+        callbacks += [cache_stats] if cache_stats is not None else []
         peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
         trainer = build_trainer(
             cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss,
@@ -88,6 +103,8 @@ def _train(cfg: DictConfig, sync: Sync, device, on_epoch_end) -> dict:
         info(memory.line())
         try:
             result = trainer.fit()
+        except KeyboardInterrupt:  # Ctrl-C: exit 130 with the resume command (last.pt has the last epoch)
+            raise trainer.interrupted() from None
         finally:
             trainer.close()
     summary = train_summary(
@@ -100,7 +117,9 @@ def _train(cfg: DictConfig, sync: Sync, device, on_epoch_end) -> dict:
         num_threads=threads,
         prefetch=memory.prefetch,
         few_labels_applied=few_labels,
+        **(link_summary(cfg, data, result) if data.edges is not None else {}),
         memory_plan=memory.as_dict(),
+        **({"hot_feature_cache": cache_stats.summary()} if cache_stats is not None else {}),
         **({"dist": dist_summary(cfg.dist, sync)} if sync.world > 1 else {}),
         **meter.stats(),
     )
@@ -115,7 +134,7 @@ def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync
     """The console progress, the health diagnostics (train.diagnostics, rank 0's batches) and the caller's
     epoch hook."""
     callbacks = [ConsoleProgress(bar, int(cfg.train.epochs), metric)]
-    diagnostics = build_diagnostics(cfg, data, metric) if sync.rank == 0 else None
+    diagnostics = build_diagnostics(cfg, data, metric) if sync.rank == 0 and data.edges is None else None
     if diagnostics is not None:
         callbacks.append(diagnostics)
     if on_epoch_end is not None:
@@ -145,21 +164,16 @@ def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | No
         info(line)
     if memory.feature_cache == "memory":
         data.hold_features_in_memory()
-    return memory
-
-
-def _few_labels(cfg: DictConfig, num_train: int) -> tuple[DictConfig, dict]:
-    """train.few_labels in place when the train split is small, said in one line."""
-    cfg, applied, kept = apply_few_labels(cfg, num_train)
-    if applied:
-        below = cfg.train.few_labels.below
+    if not memory.mapped_files_fit:
+        data.read_at_random()
+        info("memory-mapped files larger than the page cache the budget leaves: faults read only their page")
+    if memory.cache_rows:
+        rows = data.cache_hot_features(memory.cache_rows)
         info(
-            f"few labelled training nodes ({num_train:,} < train.few_labels.below={below:,}): using "
-            f"{' '.join(f'{k}={v}' for k, v in applied.items())}"
-            f"{' (kept yours: ' + ' '.join(kept) + ')' if kept else ''} "
-            "(change one with train.few_labels.<name>=VALUE, or turn them off with train.few_labels.below=0)"
+            f"hot-feature cache: the {rows:,} highest in-degree nodes' features in RAM "
+            f"({rows / data.graph.num_nodes:.1%} of nodes, {gb(data.features.cache_bytes)}); the rest memory-mapped"
         )
-    return cfg, applied
+    return memory
 
 
 def _header(cfg: DictConfig, data, precision, device, trainer, sync: Sync) -> str:

@@ -14,8 +14,10 @@ import numpy as np
 
 from gnnscale.errors import GraphDirError
 from gnnscale.storage.graph_dir import GraphDir
-from gnnscale.storage.meta import write_meta
-from gnnscale.utils.atomic import fsync_dir
+from gnnscale.storage.meta import CSC_FILES, write_meta
+from gnnscale.utils.atomic import fsync_dir, sha256_file
+from gnnscale.utils.diskspace import ensure_space
+from gnnscale.utils.faults import fault_point
 
 CSC_DIR = "csc"
 
@@ -38,6 +40,8 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
     staging = graph.path / f".{CSC_DIR}.partial"
     if staging.exists():
         shutil.rmtree(staging)
+    # mapped writes on a full disk are SIGBUS, not ENOSPC: refuse first (exit 2, how much is needed)
+    ensure_space(graph.path, 8 * (n + 1 + sum(int(s["num_edges"]) for s in shards)) + 4096)
     staging.mkdir()
     t0 = time.time()
     indptr = np.lib.format.open_memmap(staging / "indptr.npy", mode="w+", dtype=np.int64, shape=(n + 1,))
@@ -77,14 +81,16 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
             src = key % n
             resorted += 1
         indices[a:b] = src
+        fault_point("csc.shard")
         if progress is not None:
             progress(i + 1, len(shards))
     indices.flush()
     indptr.flush()
     del indices, indptr
-    for f in ("indptr.npy", "indices.npy"):
+    for f in CSC_FILES:
         with open(staging / f, "rb+") as fh:
             os.fsync(fh.fileno())
+    sums = {f: sha256_file(staging / f) for f in CSC_FILES}  # what every reader checks (storage/verify.py)
     if out.exists():
         shutil.rmtree(out)
     os.replace(staging, out)
@@ -98,6 +104,7 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
         "build_time_s": round(elapsed, 3),
         "shards_resorted": resorted,
         "shard_sha256": [s["sha256"] for s in shards],
+        "sha256": sums,
     }
     meta = dict(graph.meta)
     meta["csc"] = info

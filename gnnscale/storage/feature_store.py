@@ -1,10 +1,29 @@
-"""Gather feature rows for any batch of global node IDs across shards without loading whole shards."""
+"""Gather feature rows for any batch of global node IDs across shards without loading whole shards.
+
+A hot-feature cache (`FeatureStore.cache_hottest`) keeps the rows of the highest in-degree nodes, the
+ones neighbour sampling draws most, in anonymous memory; a gather takes those rows from it and only the
+rest from the memory-mapped shards, and counts hits and misses.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from gnnscale.storage.graph_dir import GraphDir, load_shard_file
+from gnnscale.utils.mmap_advice import advise_tensor
+
+CACHE_FILL_ROWS = 1 << 16  # rows copied into the cache per step while it is filled
+
+
+def hottest_nodes(indptr: np.ndarray, k: int) -> torch.Tensor:
+    """The k nodes of highest in-degree (CSC indptr differences), ties to the lower id, sorted by id.
+    Neighbour sampling draws a node once per sampled in-edge of a neighbour; the synthetic and most real
+    graphs are stored symmetric, so in-degree is also how often a node is drawn as a source."""
+    deg = torch.from_numpy(np.diff(np.asarray(indptr)))
+    k = max(0, min(int(k), len(deg)))
+    order = torch.sort(deg, descending=True, stable=True).indices[:k]
+    return torch.sort(order).values
 
 
 class FeatureStore:
@@ -21,11 +40,24 @@ class FeatureStore:
         self.dtype = getattr(torch, graph.meta["feat_dtype"])
         self._starts = torch.from_numpy(graph.node_starts)
         self.in_memory = in_memory
+        self._slot: torch.Tensor | None = None  # node -> row of self._hot, -1 = not cached
+        self._hot: torch.Tensor | None = None
+        self.hits = self.misses = 0  # rows served by the cache / read from the shards (cache on only)
         if in_memory:
             self._full, self._feats = self._load(graph), []
         else:
             self._feats = [graph.shard(i)["feat"] for i in range(graph.num_shards)]
             self._full = self._feats[0] if len(self._feats) == 1 else None
+        self.access = "normal"  # the madvise advice of the mapped shards (kernel default: read-around)
+
+    def advise(self, how: str, keep: bool = True) -> None:
+        """madvise the memory-mapped feature tensors: random (row gathers from files larger than the
+        page cache left for them: a fault reads its own page, not megabytes around it) | sequential |
+        normal. keep=False: for a moment (the advice in `access` stays what the store returns to)."""
+        for feat in self._feats:
+            advise_tensor(feat, how)
+        if keep:
+            self.access = how
 
     def _load(self, graph: GraphDir) -> torch.Tensor:
         """The whole feature matrix in RAM, copied shard by shard through a mapping that is dropped
@@ -37,6 +69,48 @@ class FeatureStore:
             full[info["node_start"] : info["node_end"]] = part["feat"]
             del part
         return full
+
+    @property
+    def cache_rows(self) -> int:
+        return 0 if self._hot is None else int(self._hot.shape[0])
+
+    @property
+    def cache_bytes(self) -> int:
+        """The cache's anonymous memory: its rows and the node -> slot map."""
+        if self._hot is None:
+            return 0
+        return self._hot.numel() * self._hot.element_size() + self._slot.numel() * 4
+
+    @staticmethod
+    def cache_cost(num_nodes: int, row_bytes: int, rows: int) -> int:
+        """What cache_hottest(rows) will hold (cache_bytes before it is built)."""
+        return rows * row_bytes + num_nodes * 4 if rows > 0 else 0
+
+    def cache_hottest(self, rows: int, indptr: np.ndarray) -> int:
+        """Hold the features of the `rows` highest in-degree nodes in RAM (read once, in id order, so
+        the shards are read front to back); returns the rows cached. Memory-mapped features only."""
+        if self.in_memory:
+            raise ValueError("the features are in RAM already: a hot-feature cache has nothing to save")
+        self._hot = self._slot = None
+        ids = hottest_nodes(indptr, rows)
+        hot = torch.empty((len(ids), self.feat_dim), dtype=self.dtype)
+        self.advise("sequential", keep=False)  # one pass in id order: let the kernel read ahead
+        try:
+            for lo in range(0, len(ids), CACHE_FILL_ROWS):
+                self.gather(ids[lo : lo + CACHE_FILL_ROWS], out=hot[lo : lo + CACHE_FILL_ROWS])
+        finally:
+            self.advise(self.access)
+        # One int32 slot per node (4 bytes x N) splits a batch with one O(batch) lookup; a sorted id
+        # array + searchsorted would cost O(batch x log k) scattered probes on every gather.
+        slot = torch.full((self.num_nodes,), -1, dtype=torch.int32)
+        slot[ids] = torch.arange(len(ids), dtype=torch.int32)
+        self._hot, self._slot = hot, slot
+        self.hits = self.misses = 0
+        return len(ids)
+
+    def cache_counts(self) -> tuple[int, int]:
+        """(hits, misses) so far: rows served from the cache, rows read from the shards."""
+        return self.hits, self.misses
 
     def all_finite(self, chunk: int = 1 << 16) -> bool:
         """No NaN or inf in the in-memory matrix, checked by chunk (a full bool mask costs N x F bytes)."""
@@ -53,10 +127,21 @@ class FeatureStore:
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
             raise IndexError(f"node id out of range [0, {self.num_nodes})")
-        if self._full is not None:
+        if self._full is not None and self._slot is None:
             return torch.index_select(self._full, 0, ids, out=out) if out is not None else self._full[ids]
         if out is None:
             out = torch.empty((len(ids), self.feat_dim), dtype=self.dtype)
+        at = None  # positions of `out` still to fill (None = all of them)
+        if self._slot is not None and len(ids):
+            slot = self._slot[ids]
+            hit = slot >= 0
+            cached = hit.nonzero().squeeze(1)
+            # index_select + index_copy_: several times faster than advanced indexing on CPU.
+            out.index_copy_(0, cached, torch.index_select(self._hot, 0, slot[cached].to(torch.int64)))
+            at = (~hit).nonzero().squeeze(1)
+            ids = ids[at]
+            self.hits += len(cached)  # one writer: the thread gathering (GIL-atomic enough for counts)
+            self.misses += len(at)
         shard = torch.searchsorted(self._starts, ids, right=True) - 1
         order = torch.argsort(shard)
         counts = torch.bincount(shard, minlength=len(self._feats)).tolist()
@@ -65,7 +150,8 @@ class FeatureStore:
             if c == 0:
                 continue
             rows = order[pos : pos + c]
-            out[rows] = self._feats[i][ids[rows] - self._starts[i]]
+            part = torch.index_select(self._feats[i], 0, ids[rows] - self._starts[i])
+            out.index_copy_(0, rows if at is None else at[rows], part)
             pos += c
         return out
 

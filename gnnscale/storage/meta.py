@@ -62,3 +62,30 @@ def read_meta(graph_dir: str | Path) -> dict:
 
 def write_meta(graph_dir: str | Path, meta: dict) -> None:
     write_json(Path(graph_dir) / META_FILE, meta)
+
+
+CSC_FILES = ("indptr.npy", "indices.npy")
+
+
+def recorded_files(
+    meta: dict, parts: tuple[str, ...] = ("shards", "csc")
+) -> list[tuple[str, str | None, str]]:
+    """(path inside graph_dir, its recorded sha256 or None, the command that writes it) of every data file
+    meta.json describes: the shards (`shard`) and, once built, the CSC (`build-csr`; a CSC built before
+    its checksums were recorded has None)."""
+    files = []
+    if "shards" in parts:
+        files += [(s["file"], s["sha256"], "shard") for s in meta["shards"]]
+    csc = meta.get("csc")
+    if "csc" in parts and csc:
+        sums = csc.get("sha256") or {}
+        files += [(f"{csc.get('dir', 'csc')}/{name}", sums.get(name), "build-csr") for name in CSC_FILES]
+    return files
+
+
+def record_edge_split(graph_dir: str | Path, name: str, info: dict) -> dict:
+    """Add (or replace) one edge split's entry under meta.json's `edge_splits` (storage/edge_split.py)."""
+    meta = read_meta(graph_dir)
+    meta.setdefault("edge_splits", {})[name] = info
+    write_meta(graph_dir, meta)
+    return meta

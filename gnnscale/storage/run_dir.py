@@ -123,6 +123,39 @@ def find_checkpoint(spec: str | Path | None) -> Path:
     return path
 
 
+def has_embeddings(run_dir: Path) -> bool:
+    """An infer run that finished writing every node's embeddings (emb_info.json is written last)."""
+    return (run_dir / EMBEDDINGS).is_file() and (run_dir / EMB_INFO).is_file()
+
+
+def find_embeddings(spec: str | Path | None) -> tuple[Path, dict | None]:
+    """emb= / infer_dir= may name an embeddings .npy or an infer run_dir; None = the newest infer run.
+    Returns the .npy and the emb_info.json describing it (None when the file has none beside it)."""
+    if not spec:
+        newest = newest_run("infer", has_embeddings)
+        if newest is None:
+            raise ConfigError(
+                f"no infer run with embeddings under {RUNS_ROOT / 'infer'}/",
+                "pass infer_dir= an infer run_dir (or emb= an embeddings .npy), or run `gnnscale infer` first",
+            )
+        spec = newest
+    path = Path(spec)
+    if path.is_dir():
+        if not (path / EMBEDDINGS).is_file():
+            raise ConfigError(
+                f"'{path}' holds no {EMBEDDINGS}",
+                "pass infer_dir= a finished `gnnscale infer` run_dir, or emb= an embeddings .npy file",
+            )
+        return path / EMBEDDINGS, read_json(path / EMB_INFO)
+    if not path.is_file():
+        raise ConfigError(
+            f"embeddings '{path}' do not exist",
+            "pass emb= an embeddings .npy or an infer run_dir (default: the newest under runs/infer)",
+        )
+    info = read_json(path.parent / EMB_INFO)
+    return path, info if info and info.get("file") == path.name else None
+
+
 # ---------------------------------------------------------------- summaries and metrics
 def read_json(path: Path) -> dict | None:
     try:

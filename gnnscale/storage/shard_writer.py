@@ -18,6 +18,7 @@ import torch
 from gnnscale.errors import DataError, GraphDirError
 from gnnscale.storage.meta import FORMAT_VERSION, META_FILE, shard_file_name, write_meta
 from gnnscale.utils.atomic import atomic_path, fsync_dir, sha256_file
+from gnnscale.utils.diskspace import ensure_space
 
 SPLIT_NONE, SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST = -1, 0, 1, 2
 
@@ -115,6 +116,11 @@ class ShardWriter:
         self.staging = staging_dir_for(self.graph_dir)
         if self.staging.exists():
             shutil.rmtree(self.staging)  # leftovers of an interrupted run are never reused
+        # the node rows are staged in mapped arrays (a full disk would be SIGBUS) and then written again as
+        # shards: refuse up front when the disk cannot hold both (exit 2 with about how much is needed)
+        ensure_space(
+            self.graph_dir.parent, 2 * self.num_nodes * (self.feat_dim * np.dtype(feat_dtype).itemsize + 9)
+        )
         (self.staging / "_spill").mkdir(parents=True)
         sp = self.staging / "_spill"
         self._feat = np.lib.format.open_memmap(
@@ -223,7 +229,7 @@ class ShardWriter:
         for fh in self._edge_files:
             fh.close()
         num_classes = self.num_classes if self.num_classes is not None else self._max_label + 1
-        if num_classes <= 0:
+        if num_classes < 0 or (num_classes == 0 and self.num_classes is None):  # 0 given: unlabelled
             raise DataError(
                 "no node has a label",
                 "give a label file (or -1 for unlabelled nodes, with at least one labelled)",

@@ -3,7 +3,7 @@
 A task has: `build_model(model_cfg, in_dim)` (the GNN with this task's head), `loss(out, batch)`,
 `correct(out, batch)` and `num_scored(batch)` (the running train score), `collect(out, batch)` and
 `score(collected)` (evaluation over a split), `metric` and `metric_names`. The trainer knows nothing
-else about it. Node classification is the first; adding one: a file here and an entry in TASKS.
+else about it. Node classification and link prediction (tasks/link.py); adding one: a file here and an entry in TASKS.
 """
 
 from __future__ import annotations
@@ -24,13 +24,21 @@ def _node(train_cfg, data, device: torch.device) -> NodeClassification:
     return NodeClassification(data.num_classes, str(train_cfg.metric), weight)
 
 
-# name -> factory(train_cfg, TrainData, device) -> task
-TASKS: dict[str, Callable] = {"node": _node}
+def _link(train_cfg, data, device: torch.device, task_cfg=None):
+    from gnnscale.tasks.link import LinkPrediction
+
+    return LinkPrediction(task_cfg)
 
 
-def build_task(name: str, train_cfg, data, device: torch.device):
+# name -> factory(train_cfg, TrainData, device[, task_cfg]) -> task
+TASKS: dict[str, Callable] = {"node": _node, "link": _link}
+
+
+def build_task(name: str, train_cfg, data, device: torch.device, task_cfg=None):
     if name not in TASKS:
         raise ConfigError(f"task={name!r} is not available", f"choose one of {', '.join(TASKS)}")
+    if task_cfg is not None and name != "node":
+        return TASKS[name](train_cfg, data, device, task_cfg)
     return TASKS[name](train_cfg, data, device)
 
 

@@ -31,7 +31,7 @@ from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
 
 # Keys that steer where and whether a run continues, not what it computes.
-_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides", "ui")
+_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides", "ui", "verify")  # verify: how data is checked
 
 
 def hashable_cfg(cfg: DictConfig) -> dict:
@@ -119,7 +119,8 @@ def preflight(
         input_dropout=float(t.input_dropout) > 0,
     )
     w = Workload.now(sizes, train_shape, eval_shape)
-    p, decisions = plan(w, t.feature_cache, resolve_prefetch(int(t.prefetch), device), budget)
+    cache_rows = int(float(t.get("cache_gb", 0.0)) * 1e9) // sizes.row_bytes
+    p, decisions = plan(w, t.feature_cache, resolve_prefetch(int(t.prefetch), device), budget, cache_rows)
     if not p.fits:
         largest = max(phase.batch_size for phase in phases)
         raise MemoryBudgetError(*refusal(w, p, largest, _eval_batch_size(t)))
@@ -203,7 +204,10 @@ def build_trainer(
     model = task.build_model(cfg.model, data.feat_dim).to(device)
     signature = model_signature(cfg.model, data.feat_dim, data.num_classes)
     optimizer = build_optimizer(model.parameters(), t)
-    streams = build_streams(cfg, data, device, prefetch, samplers, sync, all_train)
+    make_streams = build_streams
+    if getattr(task, "name", "node") == "link":
+        from gnnscale.training.link_streams import build_link_streams as make_streams
+    streams = make_streams(cfg, data, device, prefetch, samplers, sync, all_train)
     phases = resolve_phases(cfg)
     steps = epoch_steps(phases, [len(s) for s in streams["train"]])
     scheduler = build_scheduler(optimizer, steps, t)
@@ -213,6 +217,7 @@ def build_trainer(
         "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
         "graph": data.describe(),
         "config_hash": config_hash(hashable_cfg(cfg)),
+        "task": getattr(task, "name", "node"),  # link: num_classes is the embedding width, not classes
     }
     settings = TrainerSettings(
         epochs=phases[-1].end_epoch,

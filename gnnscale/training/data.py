@@ -8,8 +8,11 @@ import torch
 
 from gnnscale.errors import DataError
 from gnnscale.sampling.graph import to_dgl_graph
+from gnnscale.storage.csc import open_csc
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
+from gnnscale.storage.verify import verify_graph_dir
+from gnnscale.utils.mmap_advice import advise_tensor
 from gnnscale.utils.ui import info
 
 FEATURE_CACHES = ("auto", "memory", "mmap")
@@ -26,6 +29,7 @@ class TrainData:
     num_classes: int
     feat_dim: int
     feature_cache: str  # memory | mmap: what `auto` decided
+    edges: object = None  # task=link: the storage.edge_split.EdgeSplit (g is then its message-passing graph)
 
     @property
     def name(self) -> str:
@@ -39,6 +43,19 @@ class TrainData:
                 "clean the source features and re-run `gnnscale shard`",
             )
         self.features, self.feature_cache = features, "memory"
+
+    def read_at_random(self) -> None:
+        """The memory-mapped CSC and features will not all stay in the page cache: no read-around on
+        their page faults, each reads its own page (utils/mmap_advice.py)."""
+        for t in self.g.adj_tensors("csc")[:2]:  # the graph's own tensors: DGL keeps the mapping
+            advise_tensor(t, "random")
+        if not self.features.in_memory:
+            self.features.advise("random")
+
+    def cache_hot_features(self, rows: int) -> int:
+        """Hold the `rows` highest in-degree nodes' features in RAM (memory-mapped features only)."""
+        indptr, _ = open_csc(self.graph)
+        return self.features.cache_hottest(rows, indptr)
 
     @property
     def csc_bytes(self) -> int:
@@ -54,10 +71,12 @@ class TrainData:
         }
 
 
-def load_train_data(graph_dir: str, feature_cache: str = "mmap") -> TrainData:
+def load_train_data(graph_dir: str, feature_cache: str = "mmap", verify: str = "stamp") -> TrainData:
     """Structure, labels and splits; features memory-mapped, or in RAM for feature_cache=memory
-    (`auto` is decided later, from the memory plan: TrainData.hold_features_in_memory)."""
+    (`auto` is decided later, from the memory plan: TrainData.hold_features_in_memory). First the files
+    are checked against meta.json (verify=stamp|full|off, storage/verify.py): a changed one is exit 2."""
     graph = GraphDir(graph_dir)
+    verify_graph_dir(graph.path, verify, meta=graph.meta)
     g = to_dgl_graph(graph)  # raises GraphDirError with "run build-csr first" when csc/ is absent
     num_classes = int(graph.meta["num_classes"])
     feat_dim = int(graph.meta["feat_dim"])
@@ -89,3 +108,30 @@ def load_train_data(graph_dir: str, feature_cache: str = "mmap") -> TrainData:
     if feature_cache == "memory":
         data.hold_features_in_memory()
     return data
+
+
+def load_link_data(graph_dir: str, task_cfg, seed: int, emb_dim: int, verify: str = "stamp") -> TrainData:
+    """task=link: the edge split (made on first use), the message-passing graph without its val / test
+    edges, features; labels are not needed. num_classes is the embedding width (the model's output)."""
+    from gnnscale.sampling.graph import csc_to_dgl
+    from gnnscale.storage.edge_split import ensure_edge_split
+
+    graph = GraphDir(graph_dir)
+    verify_graph_dir(graph.path, verify, meta=graph.meta)
+    split = ensure_edge_split(
+        graph, seed, float(task_cfg.val_fraction), float(task_cfg.test_fraction), task_cfg.split_file
+    )
+    info(
+        f"edge split '{split.name}': {split.num_train:,} train / {split.val.shape[1]:,} val / "
+        f"{split.test.shape[1]:,} test edges (val / test left out of message passing)"
+    )
+    g = csc_to_dgl(split.indptr, split.indices, graph.num_nodes)
+    n = graph.num_nodes
+    labels = torch.full((n,), -1, dtype=torch.int64)
+    nodes = torch.arange(n)
+    # The memory plan probes node batches; a link batch's nodes are drawn from all of them.
+    splits = {"train": nodes, "val": nodes[:0], "test": nodes[:0]}
+    features = FeatureStore(graph, in_memory=False)
+    return TrainData(
+        graph, g, features, labels, splits, int(emb_dim), int(graph.meta["feat_dim"]), "mmap", split
+    )

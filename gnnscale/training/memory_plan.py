@@ -8,6 +8,12 @@ larger), and the optimizer's state. Memory-mapped files (the CSC, features read 
 show up in RSS too, but the kernel can reclaim them: they are counted in `rss`; what must fit counts
 the CSC, which sampling reads all over, and, for memory-mapped features, the pages one training batch
 reads (below that the kernel evicts pages the next batch needs, and every batch goes back to disk).
+
+A hot-feature cache (train.cache_gb, memory-mapped features only) is anonymous memory: its rows and a
+4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
+to what was asked: a cache that does not fit is shrunk (said in one line), never a reason to refuse a
+run that fits without it. The pages one batch reads through the mmap are still counted in full
+(conservative: cache hits read no pages, but how many hit depends on the batch).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.utils.memlimit import Budget, gb
 from gnnscale.utils.memory import rss_anon_mb, rss_mb
 
@@ -85,6 +92,10 @@ class Sizes:
     def feature_bytes(self) -> int:
         return self.num_nodes * self.feat_dim * self.feat_itemsize
 
+    @property
+    def row_bytes(self) -> int:
+        return self.feat_dim * self.feat_itemsize
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -117,22 +128,42 @@ class MemoryPlan:
     must_fit: int  # anonymous memory plus the CSC: what a limit must hold for training to run
     rss: int  # what peak RSS should read (mapped files included)
     budget: Budget
+    cache_rows: int = 0  # rows of the hot-feature cache (0 = none)
+    feature_bytes: int = 0  # the whole feature matrix
 
     @property
     def fits(self) -> bool:
         return self.must_fit <= self.budget.bytes
 
+    @property
+    def mapped_files_fit(self) -> bool:
+        """Whether the budget also holds every memory-mapped byte training reads (the whole CSC and, for
+        memory-mapped features, the whole feature matrix) in the page cache beside the anonymous part.
+        If not, page faults should read only their page (read-around would evict what the next batch needs)."""
+        anon = (
+            self.must_fit
+            - self.parts["graph structure (mmap)"]
+            - self.parts["feature pages one batch reads (mmap)"]
+        )
+        mapped = self.parts["graph structure (mmap)"] + (
+            self.feature_bytes if self.feature_cache == "mmap" else 0
+        )
+        return anon + mapped <= self.budget.bytes
+
     def line(self) -> str:
         return (
             f"memory: estimate {gb(self.must_fit)} of a {gb(self.budget.bytes)} budget ({self.budget.why}) "
-            f"· features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} · prefetch {self.prefetch} "
-            f"· graph structure memory-mapped · peak RSS ~{gb(self.rss)} counting mapped files (reclaimable)"
+            f"· features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} · prefetch {self.prefetch}"
+            + (f" · hot-feature cache {gb(self.parts[CACHE_PART])}" if self.cache_rows else "")
+            + f" · graph structure memory-mapped · peak RSS ~{gb(self.rss)} counting mapped files (reclaimable)"
         )
 
     def as_dict(self) -> dict:
         return {
             "feature_cache": self.feature_cache,
             "prefetch": self.prefetch,
+            "cache_rows": self.cache_rows,
+            "mapped_files_fit": self.mapped_files_fit,
             "must_fit_mb": round(self.must_fit / 2**20, 1),
             "rss_estimate_mb": round(self.rss / 2**20, 1),
             "budget_mb": round(self.budget.bytes / 2**20, 1),
@@ -155,8 +186,14 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
     return blocks + 2 * acts + extra  # backward holds a gradient beside each saved activation
 
 
-def estimate(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> MemoryPlan:
+CACHE_PART = "hot-feature cache"
+
+
+def estimate(
+    w: Workload, feature_cache: str, prefetch: int, budget: Budget, cache_rows: int = 0
+) -> MemoryPlan:
     s = w.sizes
+    cache_rows = cache_rows if feature_cache == "mmap" else 0
     rows = max(w.train.input_rows, w.evals.input_rows)
     slots = prefetch + 2 if prefetch > 0 else 1
     cast = s.feat_itemsize != BYTES  # fp16/bf16 features are cast to float32 after the gather
@@ -168,6 +205,7 @@ def estimate(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> 
         + (rows * s.feat_dim * BYTES if cast else 0),
         "batch working set": max(_step_bytes(s, w.train, True), _step_bytes(s, w.evals, False)),
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
+        **({CACHE_PART: FeatureStore.cache_cost(s.num_nodes, s.row_bytes, cache_rows)} if cache_rows else {}),
         "graph structure (mmap)": s.csc_bytes,
         # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
         "feature pages one batch reads (mmap)": int(mapped_features * _pages_touched(s, w.train.input_rows)),
@@ -176,7 +214,8 @@ def estimate(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> 
     anon = sum(v for k, v in parts.items() if k not in mapped)
     # RSS also counts the mapped pages already touched, the CSC, and feature pages read through the mmap.
     rss = anon + w.mapped_now + s.csc_bytes + mapped_features
-    return MemoryPlan(feature_cache, prefetch, parts, anon + sum(parts[k] for k in mapped), rss, budget)
+    must_fit = anon + sum(parts[k] for k in mapped)
+    return MemoryPlan(feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes)
 
 
 def _pages_touched(s: Sizes, rows: int) -> float:
@@ -185,9 +224,12 @@ def _pages_touched(s: Sizes, rows: int) -> float:
     return 1.0 - (1.0 - min(rows / max(s.num_nodes, 1), 1.0)) ** per_page
 
 
-def plan(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> tuple[MemoryPlan, list[str]]:
+def plan(
+    w: Workload, feature_cache: str, prefetch: int, budget: Budget, cache_rows: int = 0
+) -> tuple[MemoryPlan, list[str]]:
     """The plan to run with and what was decided to get there (one line each): features in RAM only
-    when that fits (feature_cache=auto), prefetch shrunk to fit. The plan may still not fit."""
+    when that fits (feature_cache=auto), prefetch shrunk to fit, then a hot-feature cache of up to
+    cache_rows rows in what is left (memory-mapped features only). The plan may still not fit."""
     decisions = []
     caches = ["memory", "mmap"] if feature_cache == "auto" else [feature_cache]
     for cache in caches:
@@ -202,6 +244,8 @@ def plan(w: Workload, feature_cache: str, prefetch: int, budget: Budget) -> tupl
                     )
                 if depth < prefetch:
                     decisions.append(f"prefetch {prefetch} -> {depth}: a deeper prefetch would not fit")
+                if cache_rows > 0:
+                    p = _with_cache(w, p, cache_rows, decisions)
                 return p, decisions
     return estimate(w, caches[-1], 0, budget), decisions
 
@@ -236,3 +280,25 @@ def fitting_settings(w: Workload, batch_size: int, eval_batch_size: int, budget:
             return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])
         train_bs //= 2
     return None
+
+
+def _with_cache(w: Workload, p: MemoryPlan, rows: int, decisions: list[str]) -> MemoryPlan:
+    """The plan with the largest hot-feature cache up to `rows` that still fits, the choice said."""
+    s = w.sizes
+    asked = gb(FeatureStore.cache_cost(s.num_nodes, s.row_bytes, rows))
+    if p.feature_cache != "mmap":
+        decisions.append(
+            f"hot-feature cache off (train.cache_gb, {asked}): the features are held in RAM, every gather is "
+            "a memory copy already"
+        )
+        return p
+    rows = min(rows, s.num_nodes)
+    room = p.budget.bytes - p.must_fit - s.num_nodes * 4  # the slot map comes with any cache
+    fit = max(0, min(rows, room // max(s.row_bytes, 1)))
+    if fit < rows:
+        got = gb(FeatureStore.cache_cost(s.num_nodes, s.row_bytes, fit)) if fit else "off"
+        decisions.append(
+            f"hot-feature cache {asked} -> {got}: a larger one would not fit the memory budget "
+            f"({gb(p.budget.bytes)}; the rest of training needs {gb(p.must_fit)})"
+        )
+    return estimate(w, p.feature_cache, p.prefetch, p.budget, fit) if fit else p

@@ -60,6 +60,7 @@ def check_train_cfg(cfg) -> None:
     _require(t.num_threads >= 0, "train.num_threads", t.num_threads, "must be >= 0 (0 = every core)", 0)
     _require(t.eval_every >= 1, "train.eval_every", t.eval_every, "must be at least 1", 1)
     _require(t.patience >= 0, "train.patience", t.patience, "must be >= 0 (0 = no early stopping)", 10)
+    _require(t.cache_gb >= 0, "train.cache_gb", t.cache_gb, "must be >= 0 (0 = no hot-feature cache)", 1.0)
     if str(t.memory_budget).lower() != "auto":
         parse_size(t.memory_budget, "train.memory_budget")
     if t.optimizer not in OPTIMIZERS:

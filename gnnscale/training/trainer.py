@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from gnnscale.errors import GnnscaleError
 from gnnscale.models.checkpoint import check_signature, read_checkpoint, save_checkpoint
 from gnnscale.storage.run_dir import (
     BEST,
@@ -31,10 +32,22 @@ from gnnscale.training.loop import BatchEnd, evaluate, train_epoch
 from gnnscale.training.phases import Phase, phase_of
 from gnnscale.training.seeding import epoch_seed, reseed, rng_state, set_rng_state
 from gnnscale.training.sync import SINGLE, Sync
+from gnnscale.utils.faults import fault_point
 from gnnscale.utils.ui import info, is_rank_zero
 
 # Seed streams of an epoch: training uses stream 0, validation 1; the final val / test passes 2 and 3.
 _EVAL_STREAM, _TEST_STREAM = 1, 2
+
+
+class TrainingDiverged(GnnscaleError):
+    """A non-finite training loss: the run stops before saving the epoch; best.pt / last.pt stay as they were.
+    Exit 2 like other user-fixable settings (train.lr, train.grad_clip, precision), not a gnnscale bug."""
+
+
+class TrainingInterrupted(GnnscaleError):
+    """Ctrl-C (SIGINT): the last completed epoch is in last.pt; exit 130, the shell's code for SIGINT."""
+
+    exit_code = 130
 
 
 @dataclass
@@ -109,6 +122,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.start_epoch, self.best_val, self.best_epoch = 1, float("nan"), 0
         self.stopped, self.resumed_from = False, None
+        self.saved_epoch: int | None = None  # the last epoch whose last.pt is on disk
+        self.epoch = 0  # the epoch running now
 
     @property
     def has_val(self) -> bool:
@@ -140,7 +155,7 @@ class Trainer:
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.precision.scaler.load_state_dict(ckpt["scaler"])
         set_rng_state(ckpt["rng"])
-        self.resumed_from = int(ckpt["epoch"])
+        self.resumed_from = self.saved_epoch = int(ckpt["epoch"])
         self.start_epoch = self.resumed_from + 1
         self.best_val, self.best_epoch = float(ckpt["best_val"]), int(ckpt["best_epoch"])
         self.stopped = bool(ckpt.get("stopped", False))
@@ -197,6 +212,7 @@ class Trainer:
         return epoch_seed(self.s.seed, epoch, stream, self.sync.rank)
 
     def _epoch(self, epoch: int) -> dict:
+        self.epoch = epoch
         reseed(self._seed(epoch))
         phase = self.phase(epoch)
         self._say_phase(epoch, phase)
@@ -207,6 +223,7 @@ class Trainer:
         def on_batch(end: BatchEnd) -> None:
             for cb in self.callbacks:
                 cb.on_batch_end(epoch, end)
+            fault_point("train.batch")
 
         stats = train_epoch(
             self.model,
@@ -221,6 +238,8 @@ class Trainer:
             grad_norm=any(cb.wants_grad_norm for cb in self.callbacks),
             sync=self.sync,
         )
+        if not math.isfinite(stats["loss"]) or fault_point("train.epoch") == "nan":
+            raise self._diverged(epoch, stats["loss"])
         record = {
             "epoch": epoch,
             "loss": round(stats["loss"], 6),
@@ -252,12 +271,45 @@ class Trainer:
             cb.on_epoch_record(epoch, record, self.model)
         if is_rank_zero():
             append_metrics(self.run_dir, record)
-            state = self._state(epoch)
-            if improved:
-                save_checkpoint(checkpoint_file(self.run_dir, BEST), state)
-            save_checkpoint(checkpoint_file(self.run_dir, LAST), state)
+            last = checkpoint_file(self.run_dir, LAST)
+            save_checkpoint(
+                [checkpoint_file(self.run_dir, BEST), last] if improved else last, self._state(epoch)
+            )
+        self.saved_epoch = epoch
         self.sync.barrier()  # no rank reads best.pt / last.pt before rank 0 has written them
         return record
+
+    def _diverged(self, epoch: int, loss: float) -> TrainingDiverged:
+        best = checkpoint_file(self.run_dir, BEST)
+        kept = (
+            f"{best} (epoch {self.best_epoch}) is kept and usable"
+            if best.is_file()
+            else "no checkpoint was saved"
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        clip = (
+            f"train.grad_clip=1.0 (now {self.s.grad_clip:g})"
+            if self.s.grad_clip <= 0
+            else "a smaller train.grad_clip"
+        )
+        fp32 = "" if self.precision.name == "fp32" else f", or precision=fp32 (now {self.precision.name})"
+        return TrainingDiverged(
+            f"training diverged in epoch {epoch}: the training loss is {loss}; {kept}",
+            f"try a lower train.lr (it was {lr:g}), {clip}{fp32}",
+        )
+
+    def interrupted(self) -> TrainingInterrupted:
+        """Ctrl-C's one line: which epoch was lost, and the command that continues the run."""
+        if self.saved_epoch is None:
+            return TrainingInterrupted(
+                f"interrupted in epoch {self.epoch or 1} before any epoch was saved",
+                "nothing to resume; run the same command again",
+            )
+        return TrainingInterrupted(
+            f"interrupted in epoch {self.epoch}; epochs 1-{self.saved_epoch} are saved in "
+            f"{checkpoint_file(self.run_dir, LAST)}",
+            f"continue with `gnnscale train resume={self.run_dir}`",
+        )
 
     def _should_stop(self, epoch: int, phase: Phase | None) -> bool:
         """Patience runs out; with phases, only in the last phase and counted from its start."""
@@ -271,7 +323,8 @@ class Trainer:
         return epoch - since >= self.s.patience
 
     def fit(self) -> FitResult:
-        """Train the remaining epochs, then score the best-validation weights on val and test."""
+        """Train the remaining epochs, then score the best-validation weights on val and test. Ctrl-C
+        propagates (KeyboardInterrupt); a stage turns it into self.interrupted()'s one line."""
         history = []
         for epoch in range(self.start_epoch, int(self.s.epochs) + 1):
             if self.stopped:

@@ -1,0 +1,85 @@
+"""Who is already linked to a node, in either direction: the candidates recommend must leave out.
+
+The CSC lists in-neighbours. An undirected graph_dir stores every edge both ways, so that is all; a
+directed one also needs out-neighbours, i.e. the transposed adjacency, built out of core here.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+_EDGE_CHUNK = 1 << 22  # edges per step of the transpose (bounded heap)
+
+
+def rows_gather(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row position in `rows`, neighbour id) of every edge of the given rows, read from the mmap."""
+    starts = np.asarray(indptr[rows], dtype=np.int64)
+    lens = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lens)
+    pos = np.arange(int(lens.sum()), dtype=np.int64) - (np.cumsum(lens) - lens)[owner] + starts[owner]
+    return owner, np.asarray(indices[pos], dtype=np.int64)
+
+
+def transpose(indptr: np.ndarray, indices: np.ndarray, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The out-edge adjacency (CSR) as .npy memory maps in `folder`: a two-pass counting sort, a chunk of
+    edges at a time (why by hand: faiss has no graph operations, scipy's tocsr holds every edge in RAM)."""
+    n, e = len(indptr) - 1, len(indices)
+    folder.mkdir(parents=True, exist_ok=True)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    for a in range(0, e, _EDGE_CHUNK):
+        out_ptr[1:] += np.bincount(np.asarray(indices[a : a + _EDGE_CHUNK]), minlength=n)
+    np.cumsum(out_ptr, out=out_ptr)
+    out_idx = np.lib.format.open_memmap(folder / "indices.npy", mode="w+", dtype=np.int64, shape=(e,))
+    cursor = out_ptr[:-1].copy()
+    for a in range(0, e, _EDGE_CHUNK):
+        b = min(a + _EDGE_CHUNK, e)
+        src = np.asarray(indices[a:b], dtype=np.int64)
+        dst = np.searchsorted(indptr, np.arange(a, b, dtype=np.int64), side="right") - 1
+        order = np.argsort(src, kind="stable")  # stable: each out-row stays in destination order
+        s, d = src[order], dst[order]
+        first = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        run = np.diff(np.r_[first, len(s)])
+        out_idx[cursor[s] + np.arange(len(s)) - np.repeat(first, run)] = d
+        cursor[s[first]] += run
+    out_idx.flush()
+    del out_idx
+    return out_ptr, np.load(folder / "indices.npy", mmap_mode="r")
+
+
+class Neighbours:
+    """Neighbour sets of query chunks as sorted (row, node) keys, and per-node degrees (both directions)."""
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, directed: bool, scratch: Path):
+        self.num_nodes = len(indptr) - 1
+        self.scratch = scratch
+        self.adjs = [(indptr, indices)]
+        if directed:
+            self.adjs.append(transpose(indptr, indices, scratch))
+
+    def degree(self, nodes: np.ndarray) -> np.ndarray:
+        """In- plus out-degree (an upper bound on the neighbour set's size; equal to it when undirected)."""
+        return sum(np.asarray(p[nodes + 1], dtype=np.int64) - np.asarray(p[nodes]) for p, _ in self.adjs)
+
+    def keys(self, nodes: np.ndarray) -> np.ndarray:
+        """Sorted row * num_nodes + neighbour over the query rows `nodes` (row = position in `nodes`)."""
+        parts = []
+        for indptr, indices in self.adjs:
+            owner, nbr = rows_gather(indptr, indices, nodes)
+            parts.append(owner * self.num_nodes + nbr)
+        return np.sort(np.concatenate(parts))
+
+    def excluded(self, nodes: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """Bool [rows, c]: candidate cand[i, j] is nodes[i] itself or one of its neighbours."""
+        keys = self.keys(nodes)
+        probe = np.arange(len(nodes), dtype=np.int64)[:, None] * self.num_nodes + cand
+        at = np.minimum(np.searchsorted(keys, probe), max(len(keys) - 1, 0))
+        hit = keys[at] == probe if len(keys) else np.zeros(cand.shape, dtype=bool)
+        return hit | (cand == nodes[:, None])
+
+    def close(self) -> None:
+        self.adjs = self.adjs[:1]
+        if self.scratch.exists():
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,83 @@
+"""How the train stage tells the tasks apart: the task's name, its settings checked up front, the node task's
+need for labels and its few-labels profile, and the link task's summary fields."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from gnnscale.errors import ConfigError
+from gnnscale.storage.meta import read_meta
+from gnnscale.training.data import TrainData, load_link_data, load_train_data
+from gnnscale.training.options import apply_few_labels
+from gnnscale.utils.ui import info
+
+
+def task_name(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "task.name", default="node"))
+
+
+def check_task(cfg: DictConfig) -> None:
+    """The train.* settings, and task=link's, before any data is read (exit 2 with one line)."""
+    from gnnscale.training.options import check_train_cfg
+
+    check_train_cfg(cfg)
+    if task_name(cfg) != "link":
+        return
+    from gnnscale.sampling.link import check_link_sampler
+    from gnnscale.storage.edge_split import check_fractions
+    from gnnscale.tasks.link import check_link_cfg
+
+    check_link_cfg(cfg.task)
+    check_fractions(float(cfg.task.val_fraction), float(cfg.task.test_fraction))
+    check_link_sampler(str(cfg.sampler.kind))
+    if cfg.dist.kind != "none":
+        raise ConfigError(f"task=link runs in one process (dist={cfg.dist.kind} given)", "use dist=none")
+
+
+def needs_labels(graph_dir) -> None:
+    """The node task on a graph sharded without labels: exit 2 naming task=link."""
+    if int(read_meta(graph_dir)["num_classes"]) == 0:
+        raise ConfigError(
+            f"the node task needs labels but '{graph_dir}' has none",
+            "train edge prediction on it with task=link, or shard it with labels (data.labels=...)",
+        )
+
+
+def link_summary(cfg: DictConfig, data, result) -> dict:
+    """task=link: every link metric of the best weights on val and test, and the edge split they used."""
+    from gnnscale.tasks.link_metrics import LINK_METRICS
+    from gnnscale.tasks.metrics import finite_or_none
+
+    out = {"task": "link", "edge_split": data.edges.name, "eval_negatives": int(cfg.task.eval_negatives)}
+    for split, scores in (("val", result.val), ("test", result.test)):
+        for m in LINK_METRICS:
+            out[f"{split}_{m}"] = finite_or_none(scores.get(m, float("nan")))
+    return out
+
+
+def load_task_data(cfg: DictConfig) -> TrainData:
+    """The task's training data: node labels and splits, or (task=link) the edge split and its graph."""
+    if task_name(cfg) == "link":
+        return load_link_data(
+            cfg.graph_dir, cfg.task, int(cfg.seed), int(cfg.model.hidden), verify=cfg.verify
+        )
+    needs_labels(cfg.graph_dir)
+    return load_train_data(cfg.graph_dir, verify=cfg.verify)
+
+
+def few_labels_profile(cfg: DictConfig, data: TrainData) -> tuple[DictConfig, dict]:
+    """The node task: train.few_labels in place when the train split is small, said in one line (task=link
+    has no labelled split: nothing applies)."""
+    if data.edges is not None:
+        return cfg, {}
+    num_train = len(data.splits["train"])
+    cfg, applied, kept = apply_few_labels(cfg, num_train)
+    if applied:
+        below = cfg.train.few_labels.below
+        info(
+            f"few labelled training nodes ({num_train:,} < train.few_labels.below={below:,}): using "
+            f"{' '.join(f'{k}={v}' for k, v in applied.items())}"
+            f"{' (kept yours: ' + ' '.join(kept) + ')' if kept else ''} "
+            "(change one with train.few_labels.<name>=VALUE, or turn them off with train.few_labels.below=0)"
+        )
+    return cfg, applied
