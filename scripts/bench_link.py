@@ -19,7 +19,6 @@ baselines; on the default synthetic graph sage_link's Hits@50 clearly above both
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -29,14 +28,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DGLBACKEND", "pytorch")
 
-from scripts.bench_accuracy import build  # noqa: E402
+from scripts.bench_accuracy import CHECKS, all_met, build  # noqa: E402  (it sets DGLBACKEND)
 
-DATA = ROOT.parent / "shared" / "data"
 GRAPHS = {
-    "cora": {"data": ["data=planetoid", f"data.path={DATA / 'planetoid_cora'}"], "target_auc": 0.90},
-    "citeseer": {"data": ["data=planetoid", f"data.path={DATA / 'planetoid_citeseer'}"], "target_auc": 0.88},
+    "cora": {"data": CHECKS["cora"]["data"], "target_auc": 0.90},
+    "citeseer": {"data": CHECKS["citeseer"]["data"], "target_auc": 0.88},
     # the default synthetic graph (20k nodes, avg degree 20): sampled fanouts, fewer epochs
     "synthetic": {
         "data": ["data=synthetic"],
@@ -47,16 +44,23 @@ GRAPHS = {
 METRICS = ("auc", "mrr", "hits@50")
 
 
-def heuristic_scores(split, pairs: np.ndarray, negatives, eval_bs: int, kind: str):
-    """Common neighbours / Adamic-Adar of every positive and of (u, n) for its batch's negatives."""
+def adjacency(split):
+    """The message-passing graph (train edges only) as a 0/1 scipy CSR matrix."""
     import scipy.sparse as sp
-    import torch
 
     n = split.num_nodes
     a = sp.csr_matrix(
         (np.ones(len(split.indices)), (split.edge_dst(), np.asarray(split.indices))), shape=(n, n)
     )
     a.data[:] = 1.0  # duplicate edges count once
+    return a
+
+
+def heuristic_scores(a, pairs: np.ndarray, negatives, eval_bs: int, kind: str):
+    """Common neighbours / Adamic-Adar of every positive and of (u, n) for its batch's negatives."""
+    import scipy.sparse as sp
+    import torch
+
     if kind == "adamic_adar":
         deg = np.asarray(a.sum(1)).ravel()
         w = np.where(deg > 1, 1.0 / np.log(np.maximum(deg, 2)), 0.0)
@@ -101,9 +105,11 @@ def run_graph(name: str, spec: dict, seeds: int, scratch: Path, extra: list[str]
         split = ensure_edge_split(GraphDir(graph_dir), seed, float(t.val_fraction), float(t.test_fraction))
         eval_bs = int(cfg.train.eval_batch_size) or 4 * int(cfg.train.batch_size)
         g = csc_to_dgl(split.indptr, split.indices, split.num_nodes)
-        loader = LinkEvalLoader(g, np.asarray(split.test), None, eval_bs, int(t.eval_negatives), seed, 2)
+        test = np.asarray(split.test)
+        loader = LinkEvalLoader(g, test, None, eval_bs, int(t.eval_negatives), seed, 2)
+        a = adjacency(split)
         for kind in ("common_neigh", "adamic_adar"):
-            pos, neg = heuristic_scores(split, np.asarray(split.test), loader.negatives, eval_bs, kind)
+            pos, neg = heuristic_scores(a, test, loader.negatives, eval_bs, kind)
             row[kind] = {m: round(v, 4) for m, v in link_scores(pos, neg).items() if m in METRICS}
         runs.append(row)
         print(name, row, flush=True)
@@ -143,7 +149,7 @@ def main() -> None:
             results["graphs"][name] = {"skipped": f"{spec['data'][1]} is absent", "met": False}
             continue
         results["graphs"][name] = run_graph(name, spec, args.seeds, Path(args.scratch), args.overrides)
-    results["all_met"] = bool(results["graphs"]) and all(g.get("met") for g in results["graphs"].values())
+    results["all_met"] = all_met(results["graphs"])
     results["wall_time_s"] = round(time.time() - t0, 1)
     from gnnscale.utils.atomic import write_json
 

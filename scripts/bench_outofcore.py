@@ -46,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_train import build_graph, child_memory  # noqa: E402  (bench_storage.py's graph, the same meters)
+
 GRAPH = {
     "num_nodes": 5_000_000,
     "avg_degree": 40.0,
@@ -58,29 +60,15 @@ TRAIN = ["+exp=sage_2hop", "sampler.fanouts=[15,10]", "train.batch_size=1024", "
 
 
 # ---------------------------------------------------------------- the graph
-def build_graph(graph_dir: Path) -> None:
-    """bench_storage.py's graph, through the same stages and settings."""
-    from gnnscale.config import compose_config
-    from gnnscale.stages import build_csr, shard
-
-    runs = graph_dir.parent / "runs"
-    shard.run(
-        compose_config(
-            "shard",
-            [f"data.{k}={GRAPH[k]}" for k in ("num_nodes", "avg_degree", "feat_dim", "num_classes")]
-            + [f"graph_dir={graph_dir}", f"shard.nodes_per_shard={GRAPH['nodes_per_shard']}",
-               f"run_dir={runs / 'shard'}"],
-        )
-    )  # fmt: skip
-    build_csr.run(compose_config("build_csr", [f"graph_dir={graph_dir}", f"run_dir={runs / 'csc'}"]))
-
-
 def find_graph(wanted: Path) -> Path:
     for candidate in (wanted, ROOT / "bench" / "tmp" / "storage" / "graph"):
         if (candidate / "csc" / "indices.npy").is_file():
             return candidate
     print(f"building the {GRAPH['num_nodes']:,}-node graph into {wanted} (~10 min, ~6 GB)", flush=True)
-    build_graph(wanted)
+    build_graph(
+        wanted, *(GRAPH[k] for k in ("num_nodes", "avg_degree", "feat_dim", "num_classes")),
+        extra=(f"shard.nodes_per_shard={GRAPH['nodes_per_shard']}",),
+    )  # fmt: skip
     return wanted
 
 
@@ -259,8 +247,7 @@ def child(spec: dict) -> None:
         "input_nodes_per_batch": record.get("input_nodes_per_batch"),
         "cache_hit_rate": record.get("cache_hit_rate"),
         "cache": cache,
-        "peak_anon_mb": round(mem.peak_anon_mb, 1) if mem.peak_anon_mb is not None else None,
-        "peak_rss_mb": round(mem.peak_rss_mb, 1) if mem.peak_rss_mb is not None else None,
+        **child_memory(mem.peak_rss_mb, mem.peak_anon_mb),
         "memory_plan": summary["memory_plan"],
         "whole_run": {
             "wall_time_s": round(wall, 1),

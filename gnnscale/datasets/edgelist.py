@@ -199,13 +199,10 @@ class EdgelistSource(Source):
         self._feat = None if self._structural else self._load_features()
         self.num_nodes = self._count_nodes()
         self._degree = self._count_degrees() if self._structural else None
-        self.feat_dim = (
-            STRUCTURAL_DIM
-            if self._structural
-            else int(self._feat.shape[1])
-            if self._feat is not None
-            else int(cfg.feat_dim)
-        )
+        if self._structural:
+            self.feat_dim = STRUCTURAL_DIM
+        else:
+            self.feat_dim = int(self._feat.shape[1]) if self._feat is not None else int(cfg.feat_dim)
         if self.feat_dim < 1:
             raise DataError(
                 f"data.feat_dim={self.feat_dim} must be positive",
@@ -300,6 +297,11 @@ class EdgelistSource(Source):
             label = self._label[lo:hi] if self._label is not None else np.full(hi - lo, -1, dtype=np.int64)
             yield NodeBlock(lo, feat, label, split)
 
+    def _describe_features(self) -> str:
+        if self._structural:
+            return "structural: [1, log1p(degree)]"
+        return str(self.cfg.features) if self.cfg.features else f"random (feat_seed={self.cfg.feat_seed})"
+
     def edge_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return read_edge_chunks(self.path, self.sep, self.header, self.chunk_edges)
 
@@ -307,11 +309,7 @@ class EdgelistSource(Source):
         return {
             "path": str(self.path),
             "header": self.header,
-            "features": "structural: [1, log1p(degree)]"
-            if self._structural
-            else str(self.cfg.features)
-            if self.cfg.features
-            else f"random (feat_seed={self.cfg.feat_seed})",
+            "features": self._describe_features(),
             "labels": str(self.cfg.labels) if self.cfg.labels else "none",
             "split": str(self.cfg.split) if self._split is not None else "random",
         }

@@ -25,8 +25,9 @@ class SyntheticSource(Source):
         self.num_nodes = int(cfg.num_nodes)
         self.feat_dim = int(cfg.feat_dim)
         self.labelled = bool(cfg.get("labels", True))  # data.labels=false: an unlabelled graph (task=link)
-        self.num_classes = int(cfg.num_classes) if self.labelled else 0
-        if self.num_nodes < 2 or int(cfg.num_classes) < 2 or self.feat_dim < 1:
+        self.communities = int(cfg.num_classes)  # the label classes: generated whether stored or not
+        self.num_classes = self.communities if self.labelled else 0
+        if self.num_nodes < 2 or self.communities < 2 or self.feat_dim < 1:
             raise DataError(
                 "synthetic graph needs num_nodes >= 2, num_classes >= 2, feat_dim >= 1",
                 "fix data.num_nodes / num_classes / feat_dim",
@@ -43,8 +44,8 @@ class SyntheticSource(Source):
             raise DataError("data.power_law_exponent must be > 2 (finite mean degree)", "use e.g. 2.5")
         self.seed = int(cfg.seed)
         self.chunk_edges = int(cfg.chunk_edges)
-        self._labels = (  # the communities: the same whether the labels are stored or not
-            self._rng(_LABEL_STREAM).integers(0, int(cfg.num_classes), size=self.num_nodes).astype(np.int32)
+        self._labels = (
+            self._rng(_LABEL_STREAM).integers(0, self.communities, size=self.num_nodes).astype(np.int32)
         )
 
     def _rng(self, stream: int, index: int = 0) -> np.random.Generator:
@@ -54,11 +55,7 @@ class SyntheticSource(Source):
         return self._labels[lo:hi].astype(np.int64)
 
     def node_blocks(self, block_rows: int = 65536) -> Iterator[NodeBlock]:
-        means = (
-            self._rng(_MEAN_STREAM)
-            .standard_normal((int(self.cfg.num_classes), self.feat_dim))
-            .astype(np.float32)
-        )
+        means = self._rng(_MEAN_STREAM).standard_normal((self.communities, self.feat_dim)).astype(np.float32)
         for b, lo in enumerate(range(0, self.num_nodes, block_rows)):
             hi = min(lo + block_rows, self.num_nodes)
             label = self.labels_of(lo, hi)
@@ -77,7 +74,7 @@ class SyntheticSource(Source):
         order = np.argsort(self._labels, kind="stable")
         cum = np.cumsum(theta[order])
         del theta
-        bounds = np.searchsorted(self._labels[order], np.arange(int(self.cfg.num_classes) + 1))
+        bounds = np.searchsorted(self._labels[order], np.arange(self.communities + 1))
         class_lo = np.concatenate([[0.0], cum])[bounds[:-1]]
         class_mass = cum[bounds[1:] - 1] - class_lo
         total = cum[-1]

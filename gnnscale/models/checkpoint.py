@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from omegaconf import OmegaConf
 
 from gnnscale.errors import ConfigError, DataError
 from gnnscale.models import GNN, build_model, model_signature, signature_hash
+from gnnscale.storage.run_dir import read_json
 from gnnscale.utils.atomic import atomic_path, write_json
 from gnnscale.utils.diskspace import ensure_space
 
@@ -33,10 +33,7 @@ SUMS_FILE = "sha256.json"
 
 
 def _read_sums(folder: Path) -> dict:
-    try:
-        sums = json.loads((folder / SUMS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    sums = read_json(folder / SUMS_FILE)
     return sums if isinstance(sums, dict) else {}
 
 

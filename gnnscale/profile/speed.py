@@ -98,8 +98,8 @@ def predict_speed(model_cfg, data, sampler, dims, batch_size: int, device: torch
     return {
         **p,
         "probe": {"batches": probe.batches, "sample_s": probe.sample_s, "input_rows": probe.shape.input_rows},
-        "gather_bytes_per_s": bw["bytes_per_s"],
-        "matmul_flops_per_s": flops["flops_per_s"],
+        "gather_bandwidth": bw,  # the two micro-measurements, reused by profile.measure's bounds
+        "matmul": flops,
         "what": (
             "one step = sampling (timed) + feature bytes at the random-gather bandwidth + training FLOPs at "
             "the matmul rate + activation traffic at the gather bandwidth (CPU); serial, no prefetch overlap"

@@ -21,7 +21,7 @@ from gnnscale.recommend.index import (
 )
 from gnnscale.recommend.neighbours import Neighbours
 from gnnscale.recommend.output import NODES, files_of, open_output, write_npy
-from gnnscale.recommend.search import first_kq, recall_at_k, search_excluding, tune_knob
+from gnnscale.recommend.search import recall_at_k, search_excluding, tune_knob
 from gnnscale.utils.ui import info, make_progress
 
 SCRATCH = ".neighbours"  # run_dir scratch: the out-edge adjacency of a directed graph, removed at the end
@@ -117,9 +117,7 @@ def _sample(emb, nodes, m: int, kind: str, nbrs, opts, seed: int) -> Sample | No
     ids = rows if nodes is None else nodes[rows]
     xq = vectors(emb, ids, opts.metric)
     k, n = int(opts.k), emb.shape[0]
-    exact, _ = search_excluding(
-        ExactScan(emb, opts.metric).search, xq, ids, k, nbrs, n, first_kq(k, nbrs.degree(ids))
-    )
+    exact, _ = search_excluding(ExactScan(emb, opts.metric).search, xq, ids, k, nbrs, n)
     return Sample(rows, ids, xq, exact, time.time() - t0)
 
 
@@ -159,7 +157,7 @@ def _search_all(index, emb, nodes, m: int, nbrs, sample: Sample | None, run_dir:
             hi = min(lo + chunk, m)
             ids, rows = _queries(nodes, lo, hi)
             xq = vectors(emb, rows, opts.metric)
-            got, scores = search_excluding(index.search, xq, ids, k, nbrs, n, first_kq(k, nbrs.degree(ids)))
+            got, scores = search_excluding(index.search, xq, ids, k, nbrs, n)
             writer.write(lo, ids, got, scores)
             short += int((got[:, -1] < 0).sum())
             if captured is not None:

@@ -80,6 +80,5 @@ class Neighbours:
         return hit | (cand == nodes[:, None])
 
     def close(self) -> None:
-        self.adjs = self.adjs[:1]
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.adjs = self.adjs[:1]  # drops the transposed adjacency's memory map before its file goes
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -37,17 +37,12 @@ class CsvOutput:
         self.fh.write("node,rank,candidate,score\n")
 
     def write(self, lo: int, nodes: np.ndarray, ids: np.ndarray, scores: np.ndarray) -> None:
-        k = ids.shape[1]
-        keep = ids >= 0
-        table = np.column_stack(
-            [
-                np.repeat(nodes, k)[keep.ravel()],
-                np.tile(np.arange(1, k + 1), len(nodes))[keep.ravel()],
-                ids[keep],
-            ]
-        )
+        r, c = np.nonzero(ids >= 0)  # row-major: each node's filled slots, best first
         lines = [
-            f"{a},{b},{c},{s:.6g}" for (a, b, c), s in zip(table.tolist(), scores[keep].tolist(), strict=True)
+            f"{a},{b},{cand},{s:.6g}"
+            for a, b, cand, s in zip(
+                nodes[r].tolist(), (c + 1).tolist(), ids[r, c].tolist(), scores[r, c].tolist(), strict=True
+            )
         ]
         if lines:
             self.fh.write("\n".join(lines) + "\n")

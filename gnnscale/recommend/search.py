@@ -19,18 +19,20 @@ def first_kq(k: int, degrees: np.ndarray) -> int:
     return k + 1 + (int(np.percentile(degrees, 99)) if len(degrees) else 0)
 
 
-def search_excluding(search, xq, nodes, k, nbrs, num_nodes, kq) -> tuple[np.ndarray, np.ndarray]:
+def search_excluding(search, xq, nodes, k, nbrs, num_nodes) -> tuple[np.ndarray, np.ndarray]:
     """ids int64 [rows, k] and scores float32 [rows, k] of the best candidates that are neither the row's
-    node nor its neighbour. A row left short is asked again with more candidates (at least K + 1 + its
-    degree, which exact search always satisfies) unless the index had no more to give: it returned
-    fewer than kq (an IVF's probed lists ran out), or kq already reached twice what exact search needs
-    or every node. Unfilled slots: -1 / NaN. Rows go in batches that keep RESULT_BYTES."""
+    node nor its neighbour, first_kq of them asked for at first. A row left short is asked again with
+    more candidates (at least K + 1 + its degree, which exact search always satisfies) unless the index
+    had no more to give: it returned fewer than kq (an IVF's probed lists ran out), or kq already
+    reached twice what exact search needs or every node. Unfilled slots: -1 / NaN. Rows go in batches
+    that keep RESULT_BYTES."""
     rows = len(nodes)
     out_i = np.full((rows, k), -1, dtype=np.int64)
     out_d = np.full((rows, k), np.nan, dtype=np.float32)
-    need = k + 1 + nbrs.degree(nodes)
+    degree = nbrs.degree(nodes)
+    need = k + 1 + degree
     todo = np.arange(rows)
-    kq = min(max(kq, k + 1), num_nodes)
+    kq = min(first_kq(k, degree), num_nodes)
     while len(todo):
         step, short = max(1, RESULT_BYTES // (kq * 48)), []
         for a in range(0, len(todo), step):
@@ -64,10 +66,9 @@ def tune_knob(
 ) -> tuple[int, list[dict]]:
     """The cheapest knob value (nprobe / efSearch) whose recall@K on the sample reaches target."""
     tried = []
-    kq = first_kq(k, nbrs.degree(nodes))
     for value in knob_ladder(kind, index, k):
         set_knob(index, kind, value)
-        ids, _ = search_excluding(index.search, xq, nodes, k, nbrs, num_nodes, kq)
+        ids, _ = search_excluding(index.search, xq, nodes, k, nbrs, num_nodes)
         rec = recall_at_k(ids, exact_ids)
         tried.append({KNOBS[kind]: value, "recall": None if rec is None else round(rec, 4)})
         if report is not None:

@@ -85,9 +85,14 @@ def avoid(neg: torch.Tensor, positive: torch.Tensor, n: int, draw, rounds: int =
     return neg
 
 
-def _pairs(inverse: torch.Tensor, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    u, v, neg = inverse[:b], inverse[b : 2 * b], inverse[2 * b :]
-    return torch.stack([u, v]), torch.stack([u.repeat_interleave(k), neg])
+def _block_batch(g, sampler, u, v, neg, k: int, exclude=None) -> Batch:
+    """Positives (u, v) and their k negatives each, over the block sampler's neighbourhood of every endpoint."""
+    seeds, inverse = torch.unique(torch.cat([u, v, neg]), return_inverse=True)
+    input_nodes, _, blocks = sampler.sample_blocks(g, seeds, exclude_eids=exclude)
+    b = len(u)
+    lu, lv, ln = inverse[:b], inverse[b : 2 * b], inverse[2 * b :]
+    pos, negp = torch.stack([lu, lv]), torch.stack([lu.repeat_interleave(k), ln])
+    return Batch(torch.as_tensor(input_nodes), seeds, blocks=blocks, pos_pairs=pos, neg_pairs=negp)
 
 
 class LinkLoader:
@@ -113,12 +118,9 @@ class LinkLoader:
     def batch(self, eids: torch.Tensor) -> Batch:
         u, v = self.src[eids], self.dst[eids]
         neg = self.negatives.sample(v, self.k)
-        seeds, inverse = torch.unique(torch.cat([u, v, neg]), return_inverse=True)
         rev = self.reverse[eids]
         exclude = torch.cat([eids, rev[rev >= 0]])  # the targets and their reverses: invisible to the batch
-        input_nodes, _, blocks = self.sampler.sample_blocks(self.g, seeds, exclude_eids=exclude)
-        pos, negp = _pairs(inverse, len(eids), self.k)
-        return Batch(torch.as_tensor(input_nodes), seeds, blocks=blocks, pos_pairs=pos, neg_pairs=negp)
+        return _block_batch(self.g, self.sampler, u, v, neg, self.k, exclude)
 
 
 class WalkLinkLoader:
@@ -161,11 +163,7 @@ class WalkLinkLoader:
         v = traces[torch.arange(len(u)), pick]
         ok = (v >= 0) & (v != u)  # a walk stuck at a dead end, or back at its start: no pair
         u, v = u[ok], v[ok]
-        neg = self.negatives.sample(v, self.k)
-        seeds, inverse = torch.unique(torch.cat([u, v, neg]), return_inverse=True)
-        input_nodes, _, blocks = self.sampler.sample_blocks(self.g, seeds)
-        pos, negp = _pairs(inverse, len(u), self.k)
-        return Batch(torch.as_tensor(input_nodes), seeds, blocks=blocks, pos_pairs=pos, neg_pairs=negp)
+        return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k), self.k)
 
 
 class ClusterLinkLoader:
@@ -208,8 +206,7 @@ class ClusterLinkLoader:
         keep = ~drop
         graph = dgl.graph((torch.from_numpy(src[keep]), torch.from_numpy(dst[keep])), num_nodes=n)
         u, v = torch.from_numpy(src[target]), torch.from_numpy(dst[target])
-        neg = avoid(torch.randint(0, n, (len(v) * self.k,)), v.repeat_interleave(self.k), n,
-                    lambda c: torch.randint(0, n, (c,)))  # fmt: skip
+        neg = NegativeSampler("uniform", n).sample(v, self.k)  # nodes of this subgraph
         pos = torch.stack([u, v])
         negp = torch.stack([u.repeat_interleave(self.k), neg])
         nodes = torch.from_numpy(sub.nodes)

@@ -66,17 +66,15 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _measure(cfg: DictConfig, run_dir: Path, predicted: dict) -> dict:
-    from gnnscale.profile.cost import measured_shape, projection_shapes
+    """Timed steps judged against the plan's own micro-measurements (gather bandwidth, matmul rate): the
+    plan probed the same sampler's mean batch, so measuring them again would only repeat the work."""
     from gnnscale.profile.measure import bounds, doubling_test, measure_steps
-    from gnnscale.profile.micro import gather_bandwidth, matmul_flops
 
     device = pick_device(cfg.train.device)
     data = load_train_data(cfg.graph_dir)
     trace = run_dir / "trace.json" if cfg.profile.trace else None
     m = measure_steps(cfg, data, device, int(cfg.profile.num_batches), trace_path=trace)
-    shape = measured_shape(m)
-    bw = gather_bandwidth(data.features, rows=shape.input_rows)
-    flops = matmul_flops(device, projection_shapes(shape, m["dims"]))
+    bw, flops = predicted["gather_bandwidth"], predicted["matmul"]
     return {
         "steps": m,
         "gather_bandwidth": bw,

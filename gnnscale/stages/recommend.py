@@ -76,10 +76,9 @@ def _rows(s: dict) -> dict:
         "queries / s": s["queries_per_s"],
     }
     if s["recall"]:
-        rec = s["recall"]
-        at = next(v for key, v in rec.items() if key.startswith("recall_at_"))
+        rec, at = s["recall"], f"recall_at_{s['k']}"
         rows[f"recall@{s['k']} vs exact"] = (
-            f"{at} on {rec['sample_queries']:,} queries (target {rec['target']})"
+            f"{rec[at]} on {rec['sample_queries']:,} queries (target {rec['target']})"
         )
     if s["short_rows"]:
         rows["rows with < k candidates"] = s["short_rows"]

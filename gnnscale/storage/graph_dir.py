@@ -1,4 +1,4 @@
-"""Read a graph_dir: meta, shards (mmap, weights_only), checksums, labels and split masks."""
+"""Read a graph_dir: meta, shards (mmap, weights_only), labels and split masks (checksums: storage/verify.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 
 from gnnscale.errors import GraphDirError
 from gnnscale.storage.meta import read_meta
-from gnnscale.utils.atomic import sha256_file
 
 SHARD_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask", "src", "dst")
 
@@ -59,21 +58,6 @@ class GraphDir:
         if i not in self._shards:
             self._shards[i] = load_shard_file(self.path / self.meta["shards"][i]["file"])
         return self._shards[i]
-
-    def verify(self, progress=None) -> None:
-        """Checksum every shard against meta.json; a mismatch is a corrupt or tampered graph_dir."""
-        for i, info in enumerate(self.meta["shards"]):
-            path = self.path / info["file"]
-            if not path.is_file():
-                raise GraphDirError(f"shard {path} is missing", "re-run `gnnscale shard` with overwrite=true")
-            digest = sha256_file(path)
-            if digest != info["sha256"]:
-                raise GraphDirError(
-                    f"checksum mismatch for {path} (meta.json says {info['sha256'][:12]}…, file is {digest[:12]}…)",
-                    "the shard is corrupt or was changed; re-run `gnnscale shard` with overwrite=true",
-                )
-            if progress is not None:
-                progress(i + 1, self.num_shards)
 
     def _concat(self, key: str) -> torch.Tensor:
         return torch.cat([self.shard(i)[key] for i in range(self.num_shards)])

@@ -27,9 +27,14 @@ class LockedError(GnnscaleError):
     """Another live gnnscale process owns the folder."""
 
 
+def lock_beside(folder: str | Path) -> Path:
+    """<parent>/.<name>.lock: a folder's lock, outside it (a writer may replace the folder itself)."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.lock"
+
+
 def graph_lock_path(graph_dir: str | Path) -> Path:
-    graph_dir = Path(graph_dir)
-    return graph_dir.parent / f".{graph_dir.name}.lock"
+    return lock_beside(graph_dir)
 
 
 def _owner(fd: int) -> str:
@@ -42,11 +47,11 @@ def _owner(fd: int) -> str:
 
 def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # PermissionError: alive, another user's
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
@@ -113,8 +118,7 @@ def run_dir_lock(run_dir: str | Path | None, stage: str, enabled: bool = True) -
     if not run_dir or not enabled:
         yield
         return
-    run_dir = Path(run_dir)
-    with hold(run_dir.parent / f".{run_dir.name}.lock", f"run_dir '{run_dir}'", stage):
+    with hold(lock_beside(run_dir), f"run_dir '{run_dir}'", stage):
         yield
 
 

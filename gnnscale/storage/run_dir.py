@@ -95,16 +95,23 @@ def newest_run(stage: str, usable: Callable[[Path], bool], root: Path | None = N
     return runs[-1] if runs else None
 
 
+def newest_or_fail(stage: str, usable: Callable[[Path], bool], what: str, hint: str) -> Path:
+    """newest_run(stage, usable) for a stage that reads it by default; ConfigError (exit 2) when none."""
+    newest = newest_run(stage, usable)
+    if newest is None:
+        raise ConfigError(f"no {stage} run with {what} under {RUNS_ROOT / stage}/", hint)
+    return newest
+
+
 def find_checkpoint(spec: str | Path | None) -> Path:
     """ckpt= may name a checkpoint file, a train run_dir, or its checkpoints/ folder; None = newest run."""
     if not spec:
-        newest = newest_run("train", has_checkpoint)
-        if newest is None:
-            raise ConfigError(
-                f"no train run with a checkpoint under {RUNS_ROOT / 'train'}/",
-                "pass ckpt=PATH (a .pt file or a train run_dir) or run `gnnscale train` first",
-            )
-        spec = newest
+        spec = newest_or_fail(
+            "train",
+            has_checkpoint,
+            "a checkpoint",
+            "pass ckpt=PATH (a .pt file or a train run_dir) or run `gnnscale train` first",
+        )
     path = Path(spec)
     if path.is_dir():
         for folder in (path / CHECKPOINTS, path):
@@ -132,13 +139,12 @@ def find_embeddings(spec: str | Path | None) -> tuple[Path, dict | None]:
     """emb= / infer_dir= may name an embeddings .npy or an infer run_dir; None = the newest infer run.
     Returns the .npy and the emb_info.json describing it (None when the file has none beside it)."""
     if not spec:
-        newest = newest_run("infer", has_embeddings)
-        if newest is None:
-            raise ConfigError(
-                f"no infer run with embeddings under {RUNS_ROOT / 'infer'}/",
-                "pass infer_dir= an infer run_dir (or emb= an embeddings .npy), or run `gnnscale infer` first",
-            )
-        spec = newest
+        spec = newest_or_fail(
+            "infer",
+            has_embeddings,
+            "embeddings",
+            "pass infer_dir= an infer run_dir (or emb= an embeddings .npy), or run `gnnscale infer` first",
+        )
     path = Path(spec)
     if path.is_dir():
         if not (path / EMBEDDINGS).is_file():

@@ -13,7 +13,6 @@ Checkpoints: checkpoints/sha256.json (models/checkpoint.py) works the same way f
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from gnnscale.errors import ConfigError, GraphDirError
 from gnnscale.storage.lock import check_not_written
 from gnnscale.storage.meta import read_meta, recorded_files
+from gnnscale.storage.run_dir import read_json
 from gnnscale.utils.atomic import sha256_file, write_json
 from gnnscale.utils.ui import info
 
@@ -69,10 +69,7 @@ def _stamp_holds(stamp: dict | None, signature: dict, sha256: str) -> bool:
 
 
 def _read_stamps(graph_dir: Path) -> dict:
-    try:
-        stamps = json.loads((graph_dir / STAMP_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    stamps = read_json(graph_dir / STAMP_FILE)
     return stamps.get("files", {}) if isinstance(stamps, dict) else {}
 
 

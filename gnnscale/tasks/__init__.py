@@ -17,7 +17,7 @@ from gnnscale.tasks.metrics import class_weights
 from gnnscale.tasks.node import NodeClassification
 
 
-def _node(train_cfg, data, device: torch.device) -> NodeClassification:
+def _node(train_cfg, data, device: torch.device, task_cfg=None) -> NodeClassification:
     weight = None
     if train_cfg.class_weights:
         weight = class_weights(data.labels[data.splits["train"]], data.num_classes).to(device)
@@ -30,16 +30,14 @@ def _link(train_cfg, data, device: torch.device, task_cfg=None):
     return LinkPrediction(task_cfg)
 
 
-# name -> factory(train_cfg, TrainData, device[, task_cfg]) -> task
+# name -> factory(train_cfg, TrainData, device, task_cfg) -> task
 TASKS: dict[str, Callable] = {"node": _node, "link": _link}
 
 
 def build_task(name: str, train_cfg, data, device: torch.device, task_cfg=None):
     if name not in TASKS:
         raise ConfigError(f"task={name!r} is not available", f"choose one of {', '.join(TASKS)}")
-    if task_cfg is not None and name != "node":
-        return TASKS[name](train_cfg, data, device, task_cfg)
-    return TASKS[name](train_cfg, data, device)
+    return TASKS[name](train_cfg, data, device, task_cfg)
 
 
 __all__ = ["TASKS", "NodeClassification", "build_task"]

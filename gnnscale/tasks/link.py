@@ -17,6 +17,7 @@ from torch import nn
 from gnnscale.errors import ConfigError
 from gnnscale.models import build_model
 from gnnscale.sampling.batch import Batch
+from gnnscale.sampling.link import POSITIVES
 from gnnscale.tasks.link_metrics import check_link_metric, link_scores
 
 DECODERS = ("dot", "mlp")
@@ -37,9 +38,9 @@ def check_link_cfg(task_cfg) -> None:
         )
     if task_cfg.loss not in LOSSES:
         raise ConfigError(f"task.loss={task_cfg.loss!r} is not known", f"choose one of {', '.join(LOSSES)}")
-    if task_cfg.positives not in ("edges", "random_walk"):
+    if task_cfg.positives not in POSITIVES:
         raise ConfigError(
-            f"task.positives={task_cfg.positives!r} is not known", "choose one of edges, random_walk"
+            f"task.positives={task_cfg.positives!r} is not known", f"choose one of {', '.join(POSITIVES)}"
         )
     if task_cfg.in_batch_negatives and task_cfg.decoder != "dot":
         raise ConfigError(

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from gnnscale.errors import DataError
-from gnnscale.sampling.graph import to_dgl_graph
+from gnnscale.sampling.graph import csc_to_dgl, to_dgl_graph
 from gnnscale.storage.csc import open_csc
+from gnnscale.storage.edge_split import ensure_edge_split
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.verify import verify_graph_dir
@@ -113,9 +114,6 @@ def load_train_data(graph_dir: str, feature_cache: str = "mmap", verify: str = "
 def load_link_data(graph_dir: str, task_cfg, seed: int, emb_dim: int, verify: str = "stamp") -> TrainData:
     """task=link: the edge split (made on first use), the message-passing graph without its val / test
     edges, features; labels are not needed. num_classes is the embedding width (the model's output)."""
-    from gnnscale.sampling.graph import csc_to_dgl
-    from gnnscale.storage.edge_split import ensure_edge_split
-
     graph = GraphDir(graph_dir)
     verify_graph_dir(graph.path, verify, meta=graph.meta)
     split = ensure_edge_split(

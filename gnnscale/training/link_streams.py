@@ -12,7 +12,6 @@ from gnnscale.sampling.link import (
     LinkLoader,
     NegativeSampler,
     WalkLinkLoader,
-    check_link_sampler,
 )
 from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.phases import resolve_phases
@@ -24,9 +23,9 @@ def build_link_streams(
     cfg: DictConfig, data, device: torch.device, prefetch: int, samplers: dict, *_
 ) -> dict:
     """Like training.build.build_streams, for edges: "train" one stream per phase, "val" and "test" the
-    held-out edges ranked against seeded negatives. Labels are not read (y stays None)."""
+    held-out edges ranked against seeded negatives. Labels are not read (y stays None). The settings were
+    checked up front (training/task_setup.py check_task)."""
     t, task = cfg.train, cfg.task
-    check_link_sampler(str(cfg.sampler.kind))
     split = data.edges
     eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")

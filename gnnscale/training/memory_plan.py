@@ -140,15 +140,10 @@ class MemoryPlan:
         """Whether the budget also holds every memory-mapped byte training reads (the whole CSC and, for
         memory-mapped features, the whole feature matrix) in the page cache beside the anonymous part.
         If not, page faults should read only their page (read-around would evict what the next batch needs)."""
-        anon = (
-            self.must_fit
-            - self.parts["graph structure (mmap)"]
-            - self.parts["feature pages one batch reads (mmap)"]
-        )
-        mapped = self.parts["graph structure (mmap)"] + (
-            self.feature_bytes if self.feature_cache == "mmap" else 0
-        )
-        return anon + mapped <= self.budget.bytes
+        # must_fit counts the whole CSC already; one batch's feature pages become the whole matrix
+        mapped_features = self.feature_bytes if self.feature_cache == "mmap" else 0
+        pages = self.parts["feature pages one batch reads (mmap)"]
+        return self.must_fit - pages + mapped_features <= self.budget.bytes
 
     def line(self) -> str:
         return (
