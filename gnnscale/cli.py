@@ -237,6 +237,8 @@ def recommend_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     runs/infer) and the graph's CSC. Exact inner-product search (faiss) below recommend.exact_below nodes,
     an IVF index above it, tuned on a sample to reach recommend.target_recall vs exact search (reported in
     summary.json). Writes recommendations.npy (int64 \\[n, k]) + scores.npy (float32), or recommendations.csv.
+    Like every reading stage it first checks the graph_dir's files (verify=stamp|full|off) and refuses to
+    start on a disk without room for its outputs.
 
     [bold]Examples[/bold]
 
@@ -253,12 +255,14 @@ def recommend_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
 
 @app.command("pipeline", context_settings=_EXTRA)
 def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
-    """shard -> build-csr -> partition -> train -> infer; reuses what is up to date, resumes a killed train.
+    """shard -> build-csr -> partition -> train -> infer [-> recommend]; reuses what is up to date, resumes a killed train.
 
-    partition runs only for sampler=cluster_gcn (sampler.method, sampler.num_parts).
+    partition runs only for sampler=cluster_gcn (sampler.method, sampler.num_parts). task=link adds
+    recommend (every node's top recommend.k non-neighbour partners) and ends with the test ROC-AUC, MRR
+    and Hits@10/50/100 and a few nodes' top-5 recommendations; recommend with task=node is exit 2.
 
-    The graph is reused when built from the same data config; a train or infer run of an earlier pipeline
-    (runs/pipeline/*) when it had the same stage config and graph. Each stage runs in run_dir/<stage>/.
+    The graph is reused when built from the same data config; a train, infer or recommend run of an earlier
+    pipeline (runs/pipeline/*) when it had the same stage config and graph. Each stage runs in run_dir/<stage>/.
 
     [bold]Examples[/bold]
 
@@ -269,6 +273,8 @@ def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
       gnnscale pipeline data=planetoid data.path=downloads/cora graph_dir=graphs/cora
 
       gnnscale pipeline stages=\\[shard,build_csr]       [dim]# only build the graph[/dim]
+
+      gnnscale pipeline +exp=sage_link data.labels=false recommend.k=20   [dim]# link prediction + recommendations[/dim]
 
       gnnscale pipeline overwrite=true                 [dim]# rebuild, retrain and re-infer everything[/dim]
     """

@@ -83,3 +83,22 @@ NEIGHBOURHOOD_DECIDES = (
 def tiny_graph(tmp_path) -> Path:
     """600 nodes, 3 classes, 3 shards, CSC built."""
     return build_graph(tmp_path, *TINY_SYNTHETIC)
+
+
+def fake_infer_run(folder: Path, graph_dir: Path, num_nodes: int = 600, dim: int = 8) -> Path:
+    """An infer run folder as recommend reads it: seeded random embeddings and their emb_info.json."""
+    import json
+
+    import numpy as np
+
+    folder.mkdir(parents=True)
+    emb = np.random.default_rng(0).standard_normal((num_nodes, dim)).astype(np.float32)
+    np.save(folder / "embeddings.npy", emb)
+    info = {
+        "file": "embeddings.npy",
+        "shape": [num_nodes, dim],
+        "mode": "layerwise",
+        "graph_dir": str(graph_dir),
+    }
+    (folder / "emb_info.json").write_text(json.dumps(info))
+    return folder

@@ -194,6 +194,51 @@ def test_mrr_and_hits_by_hand():
     assert out["auc"] == pytest.approx(roc_auc(pos.numpy(), np.array([4, 2, 1, 2, 0, 1, 5, 0.0])))
 
 
+def test_all_nodes_ranking_is_filtered_by_hand():
+    """6 nodes, 1-d embeddings: score(0, x) = h[x]. Train edges 0-1, 0-2, 3-4; val (0, 3); test (0, 5)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from gnnscale.config.schema import LinkTaskConfig
+    from gnnscale.sampling.batch import Batch
+    from gnnscale.sampling.link import KnownEdges
+    from gnnscale.tasks.link import LinkPrediction
+
+    split = SimpleNamespace(
+        num_nodes=6,
+        directed=False,
+        indices=np.array([1, 0, 2, 0, 4, 3]),  # the message-passing CSC holds both directions
+        edge_dst=lambda: np.array([0, 1, 0, 2, 3, 4]),
+        val=np.array([[0], [3]]),
+        test=np.array([[0], [5]]),
+    )
+    h = torch.tensor([[1.0], [5.0], [4.0], [3.0], [2.0], [3.5]])
+    task = LinkPrediction(OmegaConf.structured(LinkTaskConfig))
+
+    def rank(target: int, known) -> float:
+        b = Batch(
+            torch.arange(6),
+            torch.arange(6),
+            pos_pairs=torch.tensor([[0], [target]]),
+            neg_dst=torch.arange(6),
+            neg_known=None if known is None else known.of(torch.tensor([0])),
+        )
+        return 1 / task.score([task.collect(h, b)])["mrr"]
+
+    # val (0, 3), score 3: raw, 1, 2 and 5 score higher (rank 4); filtered, 1 and 2 are train edges of 0 and
+    # no negatives, 5 still is (the test edge (0, 5) is unknown while validating): rank 2. 0 itself (1.0)
+    # is below either way.
+    assert rank(3, None) == 4.0
+    assert rank(3, KnownEdges.of_split(split, ("val",))) == 2.0
+    # test (0, 5), score 3.5: raw rank 3 (1, 2 above); filtered by train + val + test edges: rank 1
+    assert rank(5, None) == 3.0
+    assert rank(5, KnownEdges.of_split(split, ("val", "test"))) == 1.0
+    # the filter is per source: node 3's known partners are 4 (train), 0 (val, reversed) and itself
+    rows, cols = KnownEdges.of_split(split, ("val",)).of(torch.tensor([3]))
+    assert rows.tolist() == [0, 0, 0] and sorted(cols.tolist()) == [0, 3, 4]
+
+
 # ---------------------------------------------------------------- training
 def _train(graph, tmp_path, name: str, *extra):
     from gnnscale.stages import train
@@ -232,6 +277,19 @@ def test_link_training_learns_on_each_formation_and_repeats(graph, tmp_path, for
     if repeat:  # the same seed: the same run
         b = _train(graph, tmp_path, "b", *formation)
         assert a["test_auc"] == b["test_auc"] and a["test_mrr"] == b["test_mrr"]
+
+
+def test_all_nodes_evaluation_is_filtered_end_to_end(graph, tmp_path, monkeypatch):
+    """eval_negatives=0: every node is a candidate; the same model scores higher filtered than raw (the
+    sources' other true partners no longer count against their targets)."""
+    from gnnscale.sampling.link import KnownEdges
+
+    run = ("sampler=neighbor", "sampler.fanouts=[5,5]", "train.epochs=1", "task.eval_negatives=0")
+    filtered = _train(graph, tmp_path, "filtered", *run)
+    monkeypatch.setattr(KnownEdges, "of_split", classmethod(lambda cls, split, parts: None))
+    raw = _train(graph, tmp_path, "raw", *run)
+    assert filtered["eval_negatives"] == 0
+    assert filtered["test_mrr"] > raw["test_mrr"] and filtered["test_hits@10"] >= raw["test_hits@10"]
 
 
 # ---------------------------------------------------------------- bad input

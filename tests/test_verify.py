@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gnnscale.cli import app
 from gnnscale.storage.verify import RACY_NS, STAMP_FILE, check_files
-from tests.conftest import TINY_SYNTHETIC, build_graph
+from tests.conftest import TINY_SYNTHETIC, build_graph, fake_infer_run
 
 runner = CliRunner()
 TRAIN = ("+exp=debug_tiny", "train.epochs=2", "train.diagnostics=false")
@@ -88,6 +88,26 @@ def test_a_flipped_byte_stops_infer_and_partition(tmp_path, graph):
     result = runner.invoke(app, ["partition", f"graph_dir={graph}", f"run_dir={tmp_path / 'p'}"])
     assert result.exit_code == 2 and "part_00002.pt" in result.stderr
     assert not (graph / "partitions").exists() or not any((graph / "partitions").glob("*/assignment.npy"))
+
+
+def test_a_flipped_byte_stops_recommend(tmp_path, graph):
+    """recommend reads the CSC (the neighbours it leaves out): a changed byte there is exit 2 naming the
+    file, before any output is written."""
+    infer_dir = fake_infer_run(tmp_path / "inf", graph)
+
+    def recommend(name, *extra):
+        args = ["recommend", f"infer_dir={infer_dir}", f"run_dir={tmp_path / name}", "recommend.k=5", *extra]
+        return runner.invoke(app, args)
+
+    assert recommend("ok").exit_code == 0  # verifies and stamps every file
+    age_stamps(graph)
+    flip(graph / "csc" / "indices.npy", 0.5)
+    result = recommend("bad")
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "checksum mismatch for" in line and "csc/indices.npy" in line
+    assert f"gnnscale build-csr graph_dir={graph}" in line
+    assert not (tmp_path / "bad").exists()  # refused before the run folder is made
 
 
 def test_matching_stamps_are_not_rehashed_and_full_rehashes(tmp_path, graph):

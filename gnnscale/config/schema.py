@@ -109,7 +109,9 @@ class LinkTaskConfig(TaskConfig):
     in_batch_negatives: bool = False  # also score each source against the batch's other destinations
     decoder: str = "dot"  # dot | mlp (on the endpoints' elementwise product)
     loss: str = "bce"  # bce | margin (hinge on pos - neg, margin 1)
-    eval_negatives: int = 1000  # negatives each val / test positive is ranked against (OGB protocol)
+    # negatives each val / test positive is ranked against (OGB protocol); 0 = all nodes, filtered (known
+    # edges of the source other than the target are no negatives: configs/task/link.yaml)
+    eval_negatives: int = 1000
     metric: str = "auc"  # early stopping and the summary: auc | mrr | hits@10 | hits@50 | hits@100
     # cluster_gcn: the share of a batch's edges that are its targets (removed from its message passing)
     target_fraction: float = 0.3
@@ -131,6 +133,9 @@ class ModelConfig:
     aggregator: str = "mean"  # SAGE: mean | pool | lstm | gcn
     dropout: float = 0.5
     norm: str = "none"  # none | batch | layer
+    # Append log1p(in-degree) to every node's input features: mean aggregation averages a node's degree
+    # away, and where degree drives who links to whom (most real graphs) it is the strongest single signal.
+    degree_feature: bool = False
 
 
 MODEL_SCHEMAS = {"sage": ModelConfig, "gcn": ModelConfig, "mlp": ModelConfig}
@@ -280,6 +285,9 @@ DIST_SCHEMAS = {"none": DistConfig, "ddp": DistConfig, "distdgl": DistConfig}
 @dataclass
 class ShardOptions:
     nodes_per_shard: int = 100_000
+    # Node order of the graph_dir (storage/node_order.py): none | degree | rcm. The map back to the
+    # user's IDs is kept in graph_dir/node_order/ and applied to every user-facing output.
+    reorder: str = "none"
 
 
 @dataclass
@@ -379,6 +387,7 @@ class RecommendStageConfig(StageBase):
     graph_dir: Optional[str] = None  # default: the graph the embeddings were computed on (emb_info.json)
     data: Any = None
     recommend: RecommendOptions = field(default_factory=RecommendOptions)
+    verify: str = VERIFY_DEFAULT  # stamp | full | off: the graph_dir files it reads (shards, CSC)
 
 
 @dataclass
@@ -530,7 +539,9 @@ class PipelineStageConfig(TrainStageConfig):
     csc: CscOptions = field(default_factory=CscOptions)
     partition: PartitionOptions = field(default_factory=PartitionOptions)
     infer: InferOptions = field(default_factory=InferOptions)
-    # partition runs only when the sampler trains on one (sampler=cluster_gcn); otherwise it is left out
+    recommend: RecommendOptions = field(default_factory=RecommendOptions)
+    # partition runs only when the sampler trains on one (sampler=cluster_gcn); otherwise it is left out.
+    # task=link with stages left unset also runs recommend after infer (pipeline/plan.py resolve_stages).
     stages: List[str] = field(default_factory=lambda: ["shard", "build_csr", "partition", "train", "infer"])
 
 

@@ -40,10 +40,15 @@ def build_source(data_cfg) -> Source:
 
 
 def source_fingerprint(cfg) -> str:
-    """What determines a graph_dir's content: the data config and the shard size."""
-    return config_hash(
-        {"data": OmegaConf.to_container(cfg.data, resolve=True), "nodes_per_shard": cfg.shard.nodes_per_shard}
-    )
+    """What determines a graph_dir's content: the data config, the shard size and the node order."""
+    key = {
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "nodes_per_shard": cfg.shard.nodes_per_shard,
+    }
+    reorder = cfg.shard.get("reorder", "none")
+    if reorder != "none":  # only then: graph_dirs sharded before shard.reorder existed stay up to date
+        key["reorder"] = reorder
+    return config_hash(key)
 
 
 __all__ = ["build_source", "source_fingerprint", "Source", "NodeBlock"]

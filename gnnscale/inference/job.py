@@ -19,9 +19,11 @@ from gnnscale.inference.outputs import (
     publish,
     write_emb_info,
     write_predictions,
+    write_rows,
 )
 from gnnscale.inference.update import update_layers
 from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph
+from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, LAYERS, PREDICTIONS
 from gnnscale.utils.faults import fault_point
@@ -75,10 +77,17 @@ def open_graph(graph_dir, ck: LoadedCheckpoint) -> GraphDir:
     return graph
 
 
-def emb_layer(layer, num_layers: int) -> int:
-    """Default: the last hidden layer (the final layer's input); a 1-layer model has only its logits."""
+def input_features(graph: GraphDir, ck: LoadedCheckpoint, indptr) -> FeatureStore:
+    """The graph's features as the model was trained on them: with the degree column (from this CSC,
+    every known edge) when it was trained with model.degree_feature."""
+    return FeatureStore(graph, degree_indptr=np.asarray(indptr) if ck.degree_feature else None)
+
+
+def emb_layer(layer, num_layers: int, task: str = "node") -> int:
+    """Default: the last hidden layer (the final layer's input); a 1-layer model has only its logits.
+    task=link: the last layer's output, the embedding the pair decoder was trained to score."""
     if layer is None:
-        return max(num_layers - 1, 1)
+        return num_layers if task == "link" else max(num_layers - 1, 1)
     if not 1 <= int(layer) <= num_layers:
         raise ConfigError(
             f"infer.layer={layer} is outside 1..{num_layers} for this {num_layers}-layer model",
@@ -162,9 +171,18 @@ def publish_layerwise(
     """embeddings / predictions / emb_info.json from the finished layer files; returns what was written."""
     t0 = time.time() - layers["fsync_s"]
     paths = layers["paths"]
-    how = link_or_copy(paths[layer - 1], run_dir / EMBEDDINGS)
-    files = write_predictions(np.load(paths[-1], mmap_mode="r"), run_dir, opts.probabilities)
-    metric = accuracy(np.load(run_dir / PREDICTIONS, mmap_mode="r"), graph, opts.split)
+    order = graph.node_order
+    # layers/ stays in graph_dir's order (what --update works on); what the user reads is in theirs
+    rows = None if order.identity else order.old_to_new
+    if rows is None:
+        how = link_or_copy(paths[layer - 1], run_dir / EMBEDDINGS)
+    else:
+        write_rows(paths[layer - 1], run_dir / EMBEDDINGS, rows)
+        how = f"copy in the user's node order (graph_dir reordered by {order.method})"
+    files, metric = {}, None  # task=link: the last layer is the embedding, there are no classes
+    if ck.task != "link":
+        files = write_predictions(np.load(paths[-1], mmap_mode="r"), run_dir, opts.probabilities, rows)
+        metric = accuracy(np.load(run_dir / PREDICTIONS, mmap_mode="r"), graph, opts.split, rows)
     if not opts.cache_layers:  # keep only what was asked for
         for p in paths:
             p.unlink()
@@ -186,7 +204,7 @@ def publish_layerwise(
         ck,
         graph,
         "layerwise",
-        "row i is global node id i of graph_dir",
+        order.describe_rows(),
         cache=cache,
         **extra_info,
     )

@@ -106,8 +106,8 @@ def staged_features(features, n: int, dim: int, path: Path, mode: str, chunk: in
     staged = _HeapRows(n, dim) if mode == "memory" else LayerFile(path, shape=(n, dim), mode=mode)
     if hasattr(features, "copy_into"):
         features.copy_into(staged)
-    elif isinstance(features, FeatureStore):
-        copy_shard_features(features.graph, staged)
+    elif isinstance(features, FeatureStore) and features.feat_dim == features.stored_dim:
+        copy_shard_features(features.graph, staged)  # the shards' rows as they are (no degree column)
     else:
         for lo in range(0, n, chunk):
             ids = np.arange(lo, min(lo + chunk, n), dtype=np.int64)

@@ -40,14 +40,38 @@ def link_or_copy(src: Path, dst: Path) -> str:
         return "copy"
 
 
-def write_predictions(logits: np.ndarray, run_dir: Path, probabilities: bool) -> dict:
-    """predictions.npy (int64 class ids) and optionally probabilities.npy (softmax), streamed by chunk."""
-    n, c = logits.shape
+def _chunk(arr: np.ndarray, lo: int, rows: np.ndarray | None) -> np.ndarray:
+    """Output rows [lo, lo + _CHUNK): arr's own rows, or arr[rows[...]] (a reordered graph_dir's rows
+    taken in the user's node order: rows = node_order.old_to_new)."""
+    if rows is None:
+        return arr[lo : lo + _CHUNK]
+    return np.asarray(arr[np.asarray(rows[lo : lo + _CHUNK])])
+
+
+def write_rows(src: Path, dst: Path, rows: np.ndarray) -> None:
+    """dst[i] = src[rows[i]], streamed by chunk: a layer file of a reordered graph_dir in the user's order."""
+    arr = np.load(src, mmap_mode="r")
+    with atomic_path(dst) as tmp:
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=arr.dtype, shape=(len(rows),) + arr.shape[1:])
+        for lo in range(0, len(rows), _CHUNK):
+            out[lo : lo + _CHUNK] = _chunk(arr, lo, rows)
+        out.flush()
+        del out
+
+
+def write_predictions(
+    logits: np.ndarray, run_dir: Path, probabilities: bool, rows: np.ndarray | None = None
+) -> dict:
+    """predictions.npy (int64 class ids) and optionally probabilities.npy (softmax), streamed by chunk.
+
+    rows: output row i is logits[rows[i]] (a reordered graph_dir: node_order.old_to_new)."""
+    n = logits.shape[0] if rows is None else len(rows)
+    c = logits.shape[1]
     files = {"predictions": "predictions.npy"}
     with atomic_path(run_dir / "predictions.npy") as tmp:
         pred = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(n,))
         for lo in range(0, n, _CHUNK):
-            pred[lo : lo + _CHUNK] = np.argmax(logits[lo : lo + _CHUNK], axis=1)
+            pred[lo : lo + _CHUNK] = np.argmax(_chunk(logits, lo, rows), axis=1)
         pred.flush()
         del pred
     if probabilities:
@@ -55,7 +79,7 @@ def write_predictions(logits: np.ndarray, run_dir: Path, probabilities: bool) ->
             prob = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, c))
             for lo in range(0, n, _CHUNK):
                 prob[lo : lo + _CHUNK] = torch.softmax(
-                    torch.from_numpy(np.asarray(logits[lo : lo + _CHUNK], dtype=np.float32)), dim=1
+                    torch.from_numpy(np.asarray(_chunk(logits, lo, rows), dtype=np.float32)), dim=1
                 ).numpy()
             prob.flush()
             del prob
@@ -80,6 +104,12 @@ def accuracy(
     return {"split": split, "accuracy": round(float(correct.mean()), 6), "labelled_nodes": int(keep.sum())}
 
 
+def _layer_kind(layer: int, ck) -> str:
+    if layer < ck.num_layers:
+        return f"hidden (input of layer {layer + 1})"
+    return "link embedding (the pair decoder's input)" if ck.task == "link" else "logits"
+
+
 def emb_info(emb: np.ndarray, layer: int, ck, graph: GraphDir, mode: str, node_order: str, **extra) -> dict:
     """What embeddings.npy holds and what produced it: the one place emb_info.json is assembled."""
     return {
@@ -88,7 +118,10 @@ def emb_info(emb: np.ndarray, layer: int, ck, graph: GraphDir, mode: str, node_o
         "dtype": str(emb.dtype),
         "layer": layer,
         "num_layers": ck.num_layers,
-        "layer_kind": "logits" if layer == ck.num_layers else f"hidden (input of layer {layer + 1})",
+        "layer_kind": _layer_kind(layer, ck),
+        "task": ck.task,
+        # decoder=mlp: top-K by inner product (gnnscale recommend) is not the score the model was trained on
+        **({"decoder": ck.decoder} if ck.task == "link" else {}),
         "node_order": node_order,
         "mode": mode,
         "graph_dir": str(graph.path.resolve()),

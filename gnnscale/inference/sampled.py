@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from gnnscale.errors import ConfigError, DataError
+from gnnscale.inference.job import input_features
 from gnnscale.inference.outputs import accuracy, emb_info, write_emb_info, write_predictions
 from gnnscale.sampling import set_sampling_threads
 from gnnscale.sampling.graph import to_dgl_graph
-from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, PREDICTIONS
 from gnnscale.utils.atomic import atomic_path
@@ -22,10 +22,14 @@ SPLITS = ("train", "val", "test")
 
 
 def resolve_nodes(spec: str, graph: GraphDir) -> tuple[np.ndarray, str]:
-    """infer.nodes: a split name, 'all', or a .npy of node ids -> (ids, description)."""
+    """infer.nodes: a split name, 'all', or a .npy of node ids -> (the user's ids, description).
+
+    The user's ids: those of the source graph, also for a graph_dir sharded with shard.reorder (map them
+    with graph.node_order.to_graph); a split's nodes come in the user's id order."""
     n = graph.num_nodes
     if spec in SPLITS:
-        return graph.split_ids(spec).numpy().astype(np.int64), f"the {spec} split"
+        ids = graph.node_order.to_user(graph.split_ids(spec).numpy().astype(np.int64))
+        return np.sort(ids), f"the {spec} split"
     if spec == "all":
         return np.arange(n, dtype=np.int64), "all nodes"
     path = Path(spec)
@@ -110,7 +114,8 @@ def sampled_infer(
 
 def run_sampled(ck, graph: GraphDir, layer: int, run_dir: Path, opts, seed: int, device) -> dict:
     """The sampled inference of opts.nodes into run_dir; returns the stage's summary fields."""
-    nodes, what = resolve_nodes(opts.nodes, graph)
+    user_ids, what = resolve_nodes(opts.nodes, graph)
+    nodes = graph.node_order.to_graph(user_ids)  # what is sampled and gathered: graph_dir's ids
     fanouts = resolve_fanouts(list(opts.fanouts), ck.num_layers)
     info(f"sampled inference for {what} ({len(nodes):,}), fanouts {fanouts}")
     model = ck.model.to(device)
@@ -122,7 +127,7 @@ def run_sampled(ck, graph: GraphDir, layer: int, run_dir: Path, opts, seed: int,
         emb, logits = sampled_infer(
             model,
             g,
-            FeatureStore(graph),
+            input_features(graph, ck, g.adj_tensors("csc")[0]),
             nodes,
             fanouts,
             layer,
@@ -133,13 +138,17 @@ def run_sampled(ck, graph: GraphDir, layer: int, run_dir: Path, opts, seed: int,
         )
     compute_s = time.time() - t0
     t1 = time.time()
-    for name, arr in (("node_ids.npy", nodes), (EMBEDDINGS, emb)):
+    for name, arr in (("node_ids.npy", user_ids), (EMBEDDINGS, emb)):
         with atomic_path(run_dir / name) as tmp, open(tmp, "wb") as fh:
             np.save(fh, arr)
-    files = write_predictions(logits, run_dir, opts.probabilities)
-    split = opts.nodes if opts.nodes in SPLITS else "all"
-    metric = accuracy(np.load(run_dir / PREDICTIONS), graph, split, nodes)
+    files, metric = {}, None  # task=link: the last layer is the embedding, there are no classes
+    if ck.task != "link":
+        files = write_predictions(logits, run_dir, opts.probabilities)
+        split = opts.nodes if opts.nodes in SPLITS else "all"
+        metric = accuracy(np.load(run_dir / PREDICTIONS), graph, split, nodes)
     node_order = "row i is global node id node_ids.npy[i]"
+    if not graph.node_order.identity:
+        node_order += f" (the user's ids; graph_dir is reordered by {graph.node_order.method}, mapped back)"
     write_emb_info(
         run_dir,
         emb_info(emb, layer, ck, graph, "sampled", node_order, fanouts=fanouts, seed=seed, cache=None),

@@ -143,6 +143,8 @@ def model_signature(cfg, in_dim: int, num_classes: int) -> dict:
         "norm": str(cfg.norm or "none"),
         "in_dim": int(in_dim),
         "num_classes": int(num_classes),
+        # only when on: checkpoints made before the option keep their signature hash
+        **({"degree_feature": True} if cfg.get("degree_feature", False) else {}),
     }
 
 

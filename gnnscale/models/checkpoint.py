@@ -26,6 +26,7 @@ from gnnscale.utils.diskspace import ensure_space
 FORMAT_VERSION = 1
 KNOWN_VERSIONS = (1,)
 REQUIRED_KEYS = ("model", "model_cfg", "graph")
+LINK_DECODER = "link_decoder."  # the state-dict prefix of task=link's decoder=mlp weights
 # Beside the checkpoints: {file name: [sha256, ...]}, the hashes a checkpoint file may have. While a file is
 # being replaced both its old and new hash are listed, so a run killed at any point leaves a pair that
 # checks; a changed byte matches neither.
@@ -133,10 +134,16 @@ class LoadedCheckpoint:
     weights_hash: str
     epoch: int | None
     task: str = "node"  # link: the last layer is an embedding of width num_classes, not class logits
+    decoder: str = "dot"  # task=link: mlp when a trained pair decoder (link_decoder.*) scored the pairs
 
     @property
     def num_layers(self) -> int:
         return int(self.model_cfg["num_layers"])
+
+    @property
+    def degree_feature(self) -> bool:
+        """Trained with model.degree_feature: its input rows end in log1p(in-degree)."""
+        return bool(self.model_cfg.get("degree_feature", False))
 
 
 def load_model(path: Path) -> LoadedCheckpoint:
@@ -155,8 +162,10 @@ def load_model(path: Path) -> LoadedCheckpoint:
         {"arch": "sage", "aggregator": "mean", "dropout": 0.0, "norm": "none", **model_cfg}
     )
     model = build_model(cfg, in_dim, num_classes)
+    # task=link's decoder=mlp rides in the state as link_decoder.*: embeddings need only the GNN's part.
+    state = {k: v for k, v in ckpt["model"].items() if not k.startswith(LINK_DECODER)}
     try:
-        model.load_state_dict(ckpt["model"], strict=True)
+        model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
         raise DataError(
@@ -182,6 +191,7 @@ def load_model(path: Path) -> LoadedCheckpoint:
         weights_hash=weights_hash(ckpt["model"]),
         epoch=int(epoch) if epoch is not None else None,
         task=str(ckpt.get("task", "node")),
+        decoder="mlp" if len(state) < len(ckpt["model"]) else "dot",
     )
 
 
@@ -189,9 +199,9 @@ def check_fits_graph(ck: LoadedCheckpoint, graph) -> None:
     """A model trained on another graph must not silently produce garbage embeddings (graph: a GraphDir)."""
     feat_dim, num_classes = int(graph.meta["feat_dim"]), int(graph.meta["num_classes"])
     trained_on = f"trained on '{ck.graph.get('graph_dir') or ck.graph.get('name')}'"
-    if ck.in_dim != feat_dim:
+    if ck.in_dim != feat_dim + ck.degree_feature:  # the degree column is appended, not stored
         raise DataError(
-            f"checkpoint {ck.path} expects {ck.in_dim} input features but graph_dir '{graph.path}' has feat_dim {feat_dim} ({trained_on})",
+            f"checkpoint {ck.path} expects {ck.in_dim - ck.degree_feature} input features but graph_dir '{graph.path}' has feat_dim {feat_dim} ({trained_on})",
             "pass graph_dir= the graph the model was trained on, or retrain on this one",
         )
     if ck.task == "node" and ck.num_classes != num_classes:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from gnnscale.config.compose import overridden_keys
 from gnnscale.config.schema import (
     BuildCscStageConfig,
     InferStageConfig,
     PartitionStageConfig,
+    RecommendStageConfig,
     ShardStageConfig,
     TrainStageConfig,
 )
@@ -19,24 +21,35 @@ from gnnscale.datasets import source_fingerprint
 from gnnscale.errors import ConfigError, GraphDirError
 from gnnscale.inference.job import check_options
 from gnnscale.partition import check_method
+from gnnscale.recommend.inputs import check_options as check_recommend_options
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.meta import META_FILE
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.build import hashable_cfg
 from gnnscale.training.options import check_train_cfg
+from gnnscale.training.task_setup import task_name
 
-ORDER = ("shard", "build_csr", "partition", "train", "infer")
+ORDER = ("shard", "build_csr", "partition", "train", "infer", "recommend")
 SCHEMAS = {
     "shard": ShardStageConfig,
     "build_csr": BuildCscStageConfig,
     "partition": PartitionStageConfig,
     "train": TrainStageConfig,
     "infer": InferStageConfig,
+    "recommend": RecommendStageConfig,
 }
 
 
-def check_stages(cfg: DictConfig) -> list[str]:
+def resolve_stages(cfg: DictConfig) -> list[str]:
+    """cfg.stages, plus recommend after infer for task=link when the user left `stages` unset."""
     stages = list(cfg.stages)
+    if task_name(cfg) == "link" and "stages" not in overridden_keys(cfg) and "recommend" not in stages:
+        stages.append("recommend")
+    return stages
+
+
+def check_stages(cfg: DictConfig) -> list[str]:
+    stages = resolve_stages(cfg)
     unknown = [s for s in stages if s not in ORDER]
     if unknown:
         raise ConfigError(f"unknown pipeline stage(s) {unknown}", f"choose from {list(ORDER)}")
@@ -44,12 +57,17 @@ def check_stages(cfg: DictConfig) -> list[str]:
         # infer reads train's checkpoint and train reads the graph: an out-of-order list cannot work.
         raise ConfigError(
             f"stages={stages} must name each stage once, in pipeline order",
-            f"e.g. stages=[{','.join(ORDER)}]",
+            f"e.g. stages=[{','.join(ORDER[:-1])}] (task=link: then recommend)",
         )
     if "train" in stages and cfg.train.resume:
         raise ConfigError(
             "the pipeline resumes an interrupted train stage by itself; train.resume=true has no meaning here",
             "drop train.resume (or pass resume=RUN_DIR to continue a particular train run)",
+        )
+    if "recommend" in stages and task_name(cfg) != "link":
+        raise ConfigError(
+            f"stages={stages} has recommend, which needs a link-prediction model, but task={task_name(cfg)}",
+            "add task=link (or +exp=sage_link), or drop recommend from stages",
         )
     if "infer" in stages and cfg.infer.changes:
         raise ConfigError(
@@ -67,6 +85,8 @@ def check_stages(cfg: DictConfig) -> list[str]:
         check_train_cfg(cfg)
     if "infer" in stages:
         check_options(cfg.infer)
+    if "recommend" in stages:
+        check_recommend_options(cfg.recommend)
     return stages
 
 

@@ -52,7 +52,7 @@ def make_plan(cfg, budget: Budget) -> dict:
         stats = described_stats(cfg.profile)
     else:
         stats = graph_stats(cfg.graph_dir)
-        data = load_train_data(cfg.graph_dir)  # features memory-mapped, as train opens them
+        data = load_train_data(cfg.graph_dir, degree_feature=bool(cfg.model.get("degree_feature", False)))
     num_train = len(data.splits["train"]) if data is not None else stats.num_train
     cfg, few_labels, _ = apply_few_labels(cfg, num_train)  # what train would change on this graph
     layers = int(cfg.model.num_layers)

@@ -46,7 +46,8 @@ def _queries(nodes: np.ndarray | None, lo: int, hi: int):
     return nodes[lo:hi], nodes[lo:hi]
 
 
-def recommend(emb, csc, directed: bool, nodes, kind: str, run_dir: Path, opts, seed: int) -> dict:
+def recommend(emb, csc, directed: bool, nodes, kind: str, run_dir: Path, opts, seed: int, order=None) -> dict:
+    """order: graph_dir's NodeOrder; embeddings, queries and results are all in the user's ids."""
     n, dim = emb.shape
     m = n if nodes is None else len(nodes)
     if opts.num_threads > 0:
@@ -55,7 +56,7 @@ def recommend(emb, csc, directed: bool, nodes, kind: str, run_dir: Path, opts, s
     info(
         f"recommend: {m:,} queries over {n:,} x {dim} embeddings; {kind} index ~{need / 2**20:,.0f} MB in RAM"
     )
-    nbrs = Neighbours(*csc, directed, run_dir / SCRATCH)
+    nbrs = Neighbours(*csc, directed, run_dir / SCRATCH, order)
     try:
         with make_progress() as bar:
             t0 = time.time()

@@ -52,22 +52,30 @@ def transpose(indptr: np.ndarray, indices: np.ndarray, folder: Path) -> tuple[np
 class Neighbours:
     """Neighbour sets of query chunks as sorted (row, node) keys, and per-node degrees (both directions)."""
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, directed: bool, scratch: Path):
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, directed: bool, scratch: Path, order=None):
         self.num_nodes = len(indptr) - 1
         self.scratch = scratch
+        # Queries and candidates are the user's ids (embedding rows); a reordered graph_dir's CSC is in its
+        # own: map queries in and neighbours back out (storage/node_order.py). None: the same ids.
+        self.order = None if order is None or order.identity else order
         self.adjs = [(indptr, indices)]
         if directed:
             self.adjs.append(transpose(indptr, indices, scratch))
 
     def degree(self, nodes: np.ndarray) -> np.ndarray:
         """In- plus out-degree (an upper bound on the neighbour set's size; equal to it when undirected)."""
+        if self.order is not None:
+            nodes = self.order.to_graph(nodes)
         return sum(np.asarray(p[nodes + 1], dtype=np.int64) - np.asarray(p[nodes]) for p, _ in self.adjs)
 
     def keys(self, nodes: np.ndarray) -> np.ndarray:
         """Sorted row * num_nodes + neighbour over the query rows `nodes` (row = position in `nodes`)."""
         parts = []
+        rows = nodes if self.order is None else self.order.to_graph(nodes)
         for indptr, indices in self.adjs:
-            owner, nbr = rows_gather(indptr, indices, nodes)
+            owner, nbr = rows_gather(indptr, indices, rows)
+            if self.order is not None:
+                nbr = self.order.to_user(nbr)
             parts.append(owner * self.num_nodes + nbr)
         return np.sort(np.concatenate(parts))
 

@@ -66,9 +66,45 @@ def open_output(run_dir: Path, fmt: str, rows: int, k: int) -> Iterator[NpyOutpu
             out.close()
 
 
+def output_bytes(rows: int, k: int, fmt: str, csc, directed: bool) -> int:
+    """About what a run writes under run_dir: the outputs (npy: an int64 id + a float32 score per slot;
+    csv: a line per slot), nodes.npy for a subset, and a directed graph's transposed adjacency (scratch)."""
+    num_nodes, num_edges = len(csc[0]) - 1, len(csc[1])
+    if fmt == "csv":  # node,rank,candidate,score: two ids, the rank, a 6-digit score, separators
+        slot = 2 * len(str(num_nodes)) + len(str(k)) + 16
+    else:
+        slot = 8 + 4
+    scratch = 8 * num_edges if directed else 0
+    return rows * k * slot + 8 * rows + scratch + 65536
+
+
 def files_of(fmt: str, subset: bool) -> list[str]:
     files = [CSV] if fmt == "csv" else [RECOMMENDATIONS, SCORES]
     return files + ([NODES] if subset else [])
+
+
+def read_examples(run_dir: Path, files: list[str], rows: int = 3, top: int = 5) -> list[dict]:
+    """The first `rows` query nodes of a finished run with their best `top` partners and scores, read back
+    from its outputs (the pipeline's headline): [{"node": 0, "partners": [[17, 3.2], ...]}, ...]."""
+    run_dir = Path(run_dir)
+    if CSV in files:
+        out: dict[int, list] = {}
+        with open(run_dir / CSV) as fh:
+            next(fh)  # header
+            for line in fh:
+                node, rank, cand, score = line.rstrip("\n").split(",")
+                if int(node) not in out and len(out) == rows:
+                    break
+                if int(rank) <= top:
+                    out.setdefault(int(node), []).append([int(cand), float(score)])
+        return [{"node": n, "partners": p} for n, p in out.items()]
+    ids = np.load(run_dir / RECOMMENDATIONS, mmap_mode="r")[:rows, :top]
+    scores = np.load(run_dir / SCORES, mmap_mode="r")[:rows, :top]
+    nodes = np.load(run_dir / NODES)[:rows] if NODES in files else np.arange(len(ids))
+    return [
+        {"node": int(n), "partners": [[int(c), float(s)] for c, s in zip(i, sc, strict=True) if c >= 0]}
+        for n, i, sc in zip(nodes, ids, scores, strict=True)
+    ]
 
 
 def write_npy(path: Path, array: np.ndarray) -> None:

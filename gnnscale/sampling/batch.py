@@ -25,6 +25,8 @@ class Batch:
     pos_pairs: torch.Tensor | None = None  # [2, P] edge-task fields: positive (src, dst) pairs ...
     neg_pairs: torch.Tensor | None = None  # ... and sampled negatives
     neg_dst: torch.Tensor | None = None  # [E] negatives every positive's source is scored against (eval)
+    # [2, K] (positive, column of neg_dst) pairs that are known edges, not negatives (filtered ranking)
+    neg_known: torch.Tensor | None = None
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
     sample_s: float = 0.0
@@ -44,7 +46,16 @@ class Batch:
             self.blocks = [b.to(device) for b in self.blocks]
         if self.subgraph is not None:
             self.subgraph = self.subgraph.to(device)
-        for name in ("x", "y", "output_rows", "loss_weight", "pos_pairs", "neg_pairs", "neg_dst"):
+        for name in (
+            "x",
+            "y",
+            "output_rows",
+            "loss_weight",
+            "pos_pairs",
+            "neg_pairs",
+            "neg_dst",
+            "neg_known",
+        ):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.to(device))

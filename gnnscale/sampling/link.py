@@ -13,7 +13,11 @@ nodes of the same subgraph (the only ones with embeddings).
 
 Evaluation (`LinkEvalLoader`): each val / test positive (u, v) is ranked against (u, n) for `eval_negatives`
 nodes n drawn once per batch from a generator seeded by (seed, split, batch) — the same negatives in every
-epoch and process — or all nodes when eval_negatives is 0 or at least the node count.
+epoch and process (OGB's protocol: raw, no filtering) — or all nodes when eval_negatives is 0 or at least
+the node count. Against all nodes the ranking is filtered (`KnownEdges`, the standard protocol since
+Bordes et al., 2013): u itself and u's other known edges — the training (message-passing) edges, the val
+edges, and for test also the test edges — are not negatives, so ranking another true partner above v
+costs nothing. Val is filtered without the test edges, which model selection must not see.
 
 Negative samplers never return the positive pair itself: a draw equal to the positive's destination is
 redrawn (and, past a few rounds, moved to the next node id).
@@ -213,17 +217,61 @@ class ClusterLinkLoader:
         return Batch(nodes, nodes, subgraph=graph, pos_pairs=pos, neg_pairs=negp)
 
 
+class KnownEdges:
+    """The filter of filtered ranking: every known edge (u, x), grouped by source u (a CSR over the pairs)."""
+
+    def __init__(self, num_nodes: int, src: np.ndarray, dst: np.ndarray):
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        order = np.argsort(src, kind="stable")
+        self.dst = torch.from_numpy(dst[order])
+        counts = np.bincount(src, minlength=num_nodes)
+        self.ptr = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    @classmethod
+    def of_split(cls, split, parts: tuple[str, ...]) -> "KnownEdges":
+        """The message-passing (training) edges plus the held-out pairs of `parts` ("val", "test"), with
+        their reverses on an undirected graph (the message-passing CSC already holds both directions)."""
+        src, dst = [np.asarray(split.indices, dtype=np.int64)], [split.edge_dst()]
+        for part in parts:
+            pairs = np.asarray(getattr(split, part), dtype=np.int64)
+            src.append(pairs[0])
+            dst.append(pairs[1])
+            if not split.directed:
+                src.append(pairs[1])
+                dst.append(pairs[0])
+        return cls(split.num_nodes, np.concatenate(src), np.concatenate(dst))
+
+    def of(self, sources: torch.Tensor) -> torch.Tensor:
+        """[2, K] (i, x): x is sources[i] itself or a known partner of it (the target among them)."""
+        sources = sources.to(torch.int64)
+        starts = self.ptr[sources]
+        lens = self.ptr[sources + 1] - starts
+        owner = torch.repeat_interleave(torch.arange(len(sources)), lens)
+        offset = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[owner]
+        rows = torch.cat([owner, torch.arange(len(sources))])
+        return torch.stack([rows, torch.cat([self.dst[starts[owner] + offset], sources])])
+
+
 class LinkEvalLoader:
-    """Val / test pairs in batches, each with its shared, seeded negatives."""
+    """Val / test pairs in batches, each with its shared, seeded negatives (all nodes: filtered by `known`)."""
 
     def __init__(
-        self, g, pairs: np.ndarray, sampler, batch_size: int, num_negatives: int, seed: int, code: int
+        self,
+        g,
+        pairs: np.ndarray,
+        sampler,
+        batch_size: int,
+        num_negatives: int,
+        seed: int,
+        code: int,
+        known: KnownEdges | None = None,
     ):
         self.g, self.sampler, self.batch_size = g, sampler, max(1, int(batch_size))
         self.pairs = torch.from_numpy(np.ascontiguousarray(pairs, dtype=np.int64))
         self.n = g.num_nodes()
         self.e = int(num_negatives)
         self.seed, self.code = int(seed), int(code)
+        self.known = known if self.all_nodes else None
 
     @property
     def all_nodes(self) -> bool:
@@ -251,4 +299,6 @@ class LinkEvalLoader:
                 blocks=blocks,
                 pos_pairs=torch.stack([inverse[:b], inverse[b : 2 * b]]),
                 neg_dst=inverse[2 * b :],
+                # all nodes: column j of the scores is node j (negatives() is arange(n))
+                neg_known=None if self.known is None else self.known.of(pos[0]),
             )

@@ -1,12 +1,24 @@
-"""What every stage does around its work: timing and peak memory (the run_dir itself: storage/run_dir.py)."""
+"""What every stage does around its work: its options, timing and peak memory (the run_dir itself:
+storage/run_dir.py)."""
 
 from __future__ import annotations
 
 import os
 import time
 from contextlib import contextmanager
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.utils.memory import MemorySampler, peak_rss_mb
+
+
+def stage_options(cfg: DictConfig, key: str, schema: type, check: Callable[[DictConfig], None]) -> DictConfig:
+    """cfg.<key> merged onto its schema (a config without that node, e.g. a pipeline's, runs with the
+    defaults), then checked: a bad value exits 2 before anything is read."""
+    opts = OmegaConf.merge(OmegaConf.structured(schema), cfg.get(key) or {})
+    check(opts)
+    return opts
 
 
 class StageMeter:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gnnscale.config.schema import InferOptions
 from gnnscale.inference.blocks import Adjacency
@@ -20,6 +20,7 @@ from gnnscale.inference.job import (
     check_options,
     compute_layers,
     emb_layer,
+    input_features,
     layerwise_summary,
     open_graph,
     pick_device,
@@ -29,24 +30,16 @@ from gnnscale.inference.job import (
 from gnnscale.inference.sampled import run_sampled
 from gnnscale.inference.update_run import open_update, run_update
 from gnnscale.models.checkpoint import load_model
-from gnnscale.stages.common import metered
+from gnnscale.stages.common import metered, stage_options
 from gnnscale.storage.csc import open_csc
-from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.run_dir import EMB_INFO, SUMMARY, find_checkpoint, make_run_dir, write_summary
 from gnnscale.storage.verify import verify_graph_dir
 from gnnscale.utils.diskspace import ensure_space
 from gnnscale.utils.ui import info, summary_table
 
 
-def options(cfg: DictConfig):
-    """infer.* merged onto the schema (a pipeline config without an `infer` node runs with the defaults)."""
-    opts = OmegaConf.merge(OmegaConf.structured(InferOptions), cfg.get("infer") or {})
-    check_options(opts)
-    return opts
-
-
 def run(cfg: DictConfig) -> dict:
-    opts = options(cfg)
+    opts = stage_options(cfg, "infer", InferOptions, check_options)
     if opts.num_threads > 0:
         torch.set_num_threads(int(opts.num_threads))
     device = pick_device(opts.device)
@@ -54,8 +47,8 @@ def run(cfg: DictConfig) -> dict:
         return _update(cfg, opts, device)
     ck = load_model(find_checkpoint(cfg.get("ckpt")))
     graph = open_graph(cfg.get("graph_dir") or ck.graph.get("graph_dir"), ck)
-    verify_graph_dir(graph.path, cfg.get("verify", "stamp"), meta=graph.meta)  # exit 2 naming a bad file
-    layer = emb_layer(opts.layer, ck.num_layers)
+    verify_graph_dir(graph.path, cfg.verify, meta=graph.meta)  # exit 2 naming a bad file
+    layer = emb_layer(opts.layer, ck.num_layers, ck.task)
     run_dir = make_run_dir(cfg, "infer")
     if opts.mode == "sampled":
         with metered() as meter:
@@ -65,7 +58,7 @@ def run(cfg: DictConfig) -> dict:
     with metered() as meter:
         indptr, indices = open_csc(graph)
         model = ck.model.to(device)
-        adj, features = Adjacency(indptr, indices), FeatureStore(graph)
+        adj, features = Adjacency(indptr, indices), input_features(graph, ck, indptr)
         layers = compute_layers(model, adj, features, run_dir, graph.num_nodes, opts, device)
         out = publish_layerwise(run_dir, layers, ck, graph, opts, layer, {"delta": None, "base_run": None})
     return _report(layerwise_summary("layerwise", ck, graph, layers, out, meter.stats()), run_dir)
@@ -79,7 +72,7 @@ def _disk_bytes(ck, num_nodes: int, opts) -> int:
 
 def _update(cfg: DictConfig, opts, device) -> dict:
     job = open_update(cfg.get("ckpt"), cfg.get("graph_dir"), opts)
-    verify_graph_dir(job.graph.path, cfg.get("verify", "stamp"), meta=job.graph.meta)
+    verify_graph_dir(job.graph.path, cfg.verify, meta=job.graph.meta)
     run_dir = make_run_dir(cfg, "infer")
     with metered() as meter:
         layers, out, fields = run_update(job, run_dir, opts, device, bool(cfg.overwrite))

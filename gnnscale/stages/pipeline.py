@@ -1,4 +1,5 @@
-"""`gnnscale pipeline`: shard -> build-csr -> partition -> train -> infer (layer-wise), one command.
+"""`gnnscale pipeline`: shard -> build-csr -> partition -> train -> infer (layer-wise) [-> recommend],
+one command.
 
 Each stage gets only its own keys (the config its own command would compose) and its own folder,
 <run_dir>/<stage>/. A stage whose output is up to date is skipped:
@@ -7,11 +8,14 @@ Each stage gets only its own keys (the config its own command would compose) and
 - build_csr: graph_dir/csc was built from the current shards (their sha256s).
 - partition: runs only for a sampler that trains on one (sampler=cluster_gcn: sampler.method and
   sampler.num_parts); a partition made from the current CSC is reused. Otherwise it is left out.
-- train, infer: a pipeline run folder next to this one (runs/pipeline/* by default, including this
+- recommend: only for task=link, where it is a default stage (stages left unset): every node's top-K
+  partners from infer's embeddings (recommend.*); task=node with recommend in stages is exit 2.
+- train, infer, recommend: a pipeline run folder next to this one (runs/pipeline/* by default, including this
   run_dir if it is reused) holds a finished run of the stage with the same key, which is reused.
   The key is written to <stage run_dir>/pipeline_key.json before the stage starts: the hash of the
   stage's config (train: data, graph_dir, seed, model, sampler, precision, train.*; infer: infer.*
-  and the train run it reads) and the sha256s of the graph's shards. So re-running costs nothing,
+  and the train run it reads; recommend: recommend.* and the infer run it reads) and the sha256s of the
+  graph's shards. So re-running costs nothing,
   and a model trained with another config or on another graph is never reused. A train run with the
   same key that was interrupted (checkpoints/last.pt but no summary.json) is resumed where it stopped.
 - overwrite=true reuses nothing: it rebuilds graph_dir and trains and infers afresh.
@@ -35,7 +39,7 @@ from gnnscale.pipeline.plan import (
     stage_key,
 )
 from gnnscale.pipeline.report import headline, summary_rows
-from gnnscale.stages import build_csr, infer, shard, train
+from gnnscale.stages import build_csr, infer, recommend, shard, train
 from gnnscale.stages import partition as partition_stage
 from gnnscale.storage.run_dir import (
     SUMMARY,
@@ -44,6 +48,7 @@ from gnnscale.storage.run_dir import (
     make_run_dir,
     previous_run,
     read_summary,
+    recommend_finished,
     train_finished,
     train_interrupted,
     write_summary,
@@ -96,27 +101,51 @@ def _run_train(cfg: DictConfig, run_dir: Path, results: dict) -> dict:
     return train.run(OmegaConf.merge(tcfg, {"run_dir": str(own)}))
 
 
-def _run_infer(cfg: DictConfig, run_dir: Path, results: dict) -> dict:
-    train_dir = results.get("train", {}).get("run_dir")
-    if train_dir is None:  # train not among the stages: the model this config trains, if it ever finished
-        tkey = stage_key("train", stage_cfg(cfg, "train"), cfg.graph_dir)
-        train_dir = previous_run(run_dir.parent, "train", tkey, train_finished)
-        if train_dir is None:
+def _upstream(cfg: DictConfig, run_dir: Path, results: dict, stage: str, scfg, finished, then: str) -> str:
+    """The run dir of `stage` that the next stage reads: this pipeline's, or (stage not among the stages)
+    the finished one with the same key."""
+    done = results.get(stage, {}).get("run_dir")
+    if done is None:
+        done = previous_run(run_dir.parent, stage, stage_key(stage, scfg, cfg.graph_dir), finished)
+        if done is None:
             raise ConfigError(
-                f"no finished train run with this config and graph next to {run_dir}",
-                "add train to stages, e.g. stages=[train,infer]",
+                f"no finished {stage} run with this config and graph next to {run_dir}",
+                f"add {stage} to stages, e.g. stages=[{stage},{then}]",
             )
-    # An absolute ckpt: the key names the same train run wherever it is seen from.
-    icfg = stage_cfg(cfg, "infer", ckpt=str(Path(train_dir).resolve()))
-    key = stage_key("infer", icfg, cfg.graph_dir)
+    return str(Path(done).resolve())  # absolute: the key names the same run wherever it is seen from
+
+
+def _keyed(stage: str, scfg: DictConfig, cfg: DictConfig, run_dir: Path, finished, fn, title: str) -> dict:
+    """Reuse a finished run of `stage` with the same key, else run it in <run_dir>/<stage>."""
+    key = stage_key(stage, scfg, cfg.graph_dir)
     if not cfg.overwrite:
-        done = previous_run(run_dir.parent, "infer", key, infer_finished)
+        done = previous_run(run_dir.parent, stage, key, finished)
         if done is not None:
-            return _reused("infer", done)
-    own = run_dir / "infer"
-    claim_run(own, "infer", key, cfg.overwrite)
-    info(f"[bold]== infer ({icfg.infer.mode}) ==[/bold]")
-    return infer.run(OmegaConf.merge(icfg, {"run_dir": str(own)}))
+            return _reused(stage, done)
+    own = run_dir / stage
+    claim_run(own, stage, key, cfg.overwrite)
+    info(f"[bold]== {title} ==[/bold]")
+    return fn(OmegaConf.merge(scfg, {"run_dir": str(own)}))
+
+
+def _infer_cfg(cfg: DictConfig, run_dir: Path, results: dict) -> DictConfig:
+    tcfg = stage_cfg(cfg, "train")
+    return stage_cfg(
+        cfg, "infer", ckpt=_upstream(cfg, run_dir, results, "train", tcfg, train_finished, "infer")
+    )
+
+
+def _run_infer(cfg: DictConfig, run_dir: Path, results: dict) -> dict:
+    icfg = _infer_cfg(cfg, run_dir, results)
+    return _keyed("infer", icfg, cfg, run_dir, infer_finished, infer.run, f"infer ({icfg.infer.mode})")
+
+
+def _run_recommend(cfg: DictConfig, run_dir: Path, results: dict) -> dict:
+    icfg = None if "infer" in results else _infer_cfg(cfg, run_dir, results)  # infer's key, to find its run
+    infer_dir = _upstream(cfg, run_dir, results, "infer", icfg, infer_finished, "recommend")
+    rcfg = stage_cfg(cfg, "recommend", infer_dir=infer_dir)
+    title = f"recommend (top-{rcfg.recommend.k})"
+    return _keyed("recommend", rcfg, cfg, run_dir, recommend_finished, recommend.run, title)
 
 
 # Each takes (cfg, pipeline run_dir, the results so far) and returns the stage's summary.
@@ -126,6 +155,7 @@ RUNNERS = {
     "partition": _run_partition,
     "train": _run_train,
     "infer": _run_infer,
+    "recommend": _run_recommend,
 }
 
 

@@ -71,7 +71,7 @@ def _measure(cfg: DictConfig, run_dir: Path, predicted: dict) -> dict:
     from gnnscale.profile.measure import bounds, doubling_test, measure_steps
 
     device = pick_device(cfg.train.device)
-    data = load_train_data(cfg.graph_dir)
+    data = load_train_data(cfg.graph_dir, degree_feature=bool(cfg.model.get("degree_feature", False)))
     trace = run_dir / "trace.json" if cfg.profile.trace else None
     m = measure_steps(cfg, data, device, int(cfg.profile.num_batches), trace_path=trace)
     bw, flops = predicted["gather_bandwidth"], predicted["matmul"]

@@ -4,33 +4,32 @@ already its neighbours (either direction) nor itself, scored by inner product (o
 Exact search (faiss IndexFlatIP) below recommend.exact_below nodes, an IVF index above (or HNSW) over rows
 lifted to equal norm (inner product becomes nearest neighbour), its nprobe / efSearch tuned on a sample of
 queries to reach recommend.target_recall against exact search. Queries run in chunks and stream into
-mmap'd recommendations.npy / scores.npy. The work is in gnnscale/recommend/.
+mmap'd recommendations.npy / scores.npy. Before any of it the graph_dir's shards and CSC are checked
+against meta.json (verify=stamp|full|off, as every reading stage) and a disk without room for the outputs
+is refused (exit 2). The work is in gnnscale/recommend/.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gnnscale.config.schema import RecommendOptions
 from gnnscale.errors import ConfigError
 from gnnscale.recommend.index import choose_kind
 from gnnscale.recommend.inputs import check_k, check_options, graph_dir_of, open_embeddings, query_nodes
 from gnnscale.recommend.job import recommend
-from gnnscale.stages.common import metered
+from gnnscale.recommend.output import output_bytes
+from gnnscale.stages.common import metered, stage_options
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import SUMMARY, find_embeddings, make_run_dir, write_summary
+from gnnscale.storage.verify import verify_graph_dir
+from gnnscale.utils.diskspace import ensure_space
 from gnnscale.utils.ui import info, summary_table
 
 
-def options(cfg: DictConfig):
-    opts = OmegaConf.merge(OmegaConf.structured(RecommendOptions), cfg.get("recommend") or {})
-    check_options(opts)
-    return opts
-
-
 def run(cfg: DictConfig) -> dict:
-    opts = options(cfg)
+    opts = stage_options(cfg, "recommend", RecommendOptions, check_options)
     if cfg.get("emb") and cfg.get("infer_dir"):
         raise ConfigError(
             "both emb= and infer_dir= are set", "pass one: an embeddings .npy or an infer run_dir"
@@ -40,6 +39,7 @@ def run(cfg: DictConfig) -> dict:
     emb = open_embeddings(emb_path, emb_info, graph.num_nodes)
     check_k(opts.k, graph.num_nodes)
     nodes = query_nodes(opts.nodes, graph.num_nodes)
+    verify_graph_dir(graph.path, cfg.verify, meta=graph.meta)  # exit 2 naming a bad file
     csc = open_csc(graph)
     kind, why = choose_kind(opts.index, graph.num_nodes, int(opts.exact_below))
     if emb_info and emb_info.get("graph_shards_sha256") not in (
@@ -47,9 +47,17 @@ def run(cfg: DictConfig) -> dict:
         [s["sha256"] for s in graph.meta["shards"]],
     ):
         info(f"warning: {emb_path} was computed on another version of {graph.path} (shard checksums differ)")
+    if emb_info and emb_info.get("decoder") == "mlp":
+        info(
+            f"warning: {emb_path} comes from a task.decoder=mlp model; the top-K here are by inner product, "
+            "not that decoder's score (train with task.decoder=dot for recommendations that match it)"
+        )
     run_dir = make_run_dir(cfg, "recommend")
+    directed, queries = bool(graph.meta["directed"]), graph.num_nodes if nodes is None else len(nodes)
+    # mapped writes (SIGBUS on a full disk, not ENOSPC): refuse up front
+    ensure_space(run_dir, output_bytes(queries, int(opts.k), opts.format, csc, directed))
     with metered() as meter:
-        result = recommend(emb, csc, bool(graph.meta["directed"]), nodes, kind, run_dir, opts, int(cfg.seed))
+        result = recommend(emb, csc, directed, nodes, kind, run_dir, opts, int(cfg.seed), graph.node_order)
     summary = {
         "stage": "recommend",
         "embeddings": str(emb_path),

@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 from gnnscale.datasets import build_source, source_fingerprint
 from gnnscale.stages.common import metered
 from gnnscale.storage.lock import graph_lock_path, hold
+from gnnscale.storage.node_order import check_method, order_files
 from gnnscale.storage.run_dir import make_run_dir, write_summary
 from gnnscale.storage.shard_writer import EdgePolicy, ShardWriter
 from gnnscale.storage.verify import stamp_written
@@ -14,6 +15,7 @@ from gnnscale.utils.ui import info, make_progress, summary_table
 
 
 def run(cfg: DictConfig) -> dict:
+    check_method(cfg.shard.reorder)  # before any work: a typo is one line, not a shard run thrown away
     run_dir = make_run_dir(cfg, "shard")
     lock = hold(graph_lock_path(cfg.graph_dir), f"graph_dir '{cfg.graph_dir}'", "shard")
     with lock, metered() as meter:
@@ -29,6 +31,7 @@ def run(cfg: DictConfig) -> dict:
             policy=EdgePolicy(d.make_undirected, d.self_loops, d.duplicate_edges),
             feat_dtype=source.feat_dtype,
             overwrite=cfg.overwrite,
+            reorder=cfg.shard.reorder,
         )
         try:
             with make_progress() as bar:
@@ -57,7 +60,8 @@ def run(cfg: DictConfig) -> dict:
         except BaseException:
             writer.abort()
             raise
-        stamp_written(cfg.graph_dir, [(s["file"], s["sha256"]) for s in meta["shards"]])  # hashed as written
+        written = [(s["file"], s["sha256"]) for s in meta["shards"]] + order_files(meta)
+        stamp_written(cfg.graph_dir, written)  # hashed as written
     summary = _summary(cfg, meta, meter)
     write_summary(run_dir, summary)
     summary_table(f"shard: {meta['name']} -> {cfg.graph_dir}", _rows(meta, summary))

@@ -3,6 +3,10 @@
 A hot-feature cache (`FeatureStore.cache_hottest`) keeps the rows of the highest in-degree nodes, the
 ones neighbour sampling draws most, in anonymous memory; a gather takes those rows from it and only the
 rest from the memory-mapped shards, and counts hits and misses.
+
+With `degree_indptr=` (model.degree_feature) every gathered row ends in one more column, log1p of the node's
+in-degree in the graph the model passes messages over: mean aggregation averages a node's degree
+away, and on graphs where degree drives who links to whom it is the strongest single signal.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ def hottest_nodes(indptr: np.ndarray, k: int) -> torch.Tensor:
     return torch.sort(order).values
 
 
+def degree_column(indptr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """log1p(in-degree) per node, from CSC indptr differences (one value per node: 4 x N bytes in fp32)."""
+    deg = np.diff(np.asarray(indptr)).astype(np.float32)
+    return torch.from_numpy(np.log1p(deg)).to(dtype)
+
+
 class FeatureStore:
     """Row gathers over the shards' mmap'd `feat` tensors (or one in-memory copy for small graphs).
 
@@ -33,11 +43,14 @@ class FeatureStore:
     which is what keeps sampled block IDs and feature rows aligned.
     """
 
-    def __init__(self, graph: GraphDir, in_memory: bool = False):
+    def __init__(self, graph: GraphDir, in_memory: bool = False, degree_indptr: np.ndarray | None = None):
         self.graph = graph
         self.num_nodes = graph.num_nodes
-        self.feat_dim = int(graph.meta["feat_dim"])
         self.dtype = getattr(torch, graph.meta["feat_dtype"])
+        self.stored_dim = int(graph.meta["feat_dim"])  # the columns the shards hold
+        self.degree_indptr = degree_indptr  # a CSC indptr: its differences make the degree column
+        self._logdeg = None if degree_indptr is None else degree_column(degree_indptr, self.dtype)
+        self.feat_dim = self.stored_dim + (self._logdeg is not None)
         self._starts = torch.from_numpy(graph.node_starts)
         self.in_memory = in_memory
         self._slot: torch.Tensor | None = None  # node -> row of self._hot, -1 = not cached
@@ -47,8 +60,13 @@ class FeatureStore:
             self._full, self._feats = self._load(graph), []
         else:
             self._feats = [graph.shard(i)["feat"] for i in range(graph.num_shards)]
-            self._full = self._feats[0] if len(self._feats) == 1 else None
+            one = len(self._feats) == 1 and self._logdeg is None  # a single shard is the whole matrix
+            self._full = self._feats[0] if one else None
         self.access = "normal"  # the madvise advice of the mapped shards (kernel default: read-around)
+
+    def reopened(self, in_memory: bool) -> FeatureStore:
+        """The same features (and degree column) held in RAM or memory-mapped."""
+        return FeatureStore(self.graph, in_memory=in_memory, degree_indptr=self.degree_indptr)
 
     def advise(self, how: str, keep: bool = True) -> None:
         """madvise the memory-mapped feature tensors: random (row gathers from files larger than the
@@ -66,8 +84,10 @@ class FeatureStore:
         full = torch.empty((self.num_nodes, self.feat_dim), dtype=self.dtype)
         for info in graph.meta["shards"]:
             part = load_shard_file(graph.path / info["file"])
-            full[info["node_start"] : info["node_end"]] = part["feat"]
+            full[info["node_start"] : info["node_end"], : self.stored_dim] = part["feat"]
             del part
+        if self._logdeg is not None:
+            full[:, -1] = self._logdeg
         return full
 
     @property
@@ -132,6 +152,9 @@ class FeatureStore:
         if out is None:
             out = torch.empty((len(ids), self.feat_dim), dtype=self.dtype)
         at = None  # positions of `out` still to fill (None = all of them)
+        if self._logdeg is not None:  # the column first: the cache below overwrites its hits' rows whole
+            out[:, -1] = self._logdeg[ids]
+        stored = out if self._logdeg is None else out[:, : self.stored_dim]
         if self._slot is not None and len(ids):
             slot = self._slot[ids]
             hit = slot >= 0
@@ -151,7 +174,7 @@ class FeatureStore:
                 continue
             rows = order[pos : pos + c]
             part = torch.index_select(self._feats[i], 0, ids[rows] - self._starts[i])
-            out.index_copy_(0, rows if at is None else at[rows], part)
+            stored.index_copy_(0, rows if at is None else at[rows], part)
             pos += c
         return out
 

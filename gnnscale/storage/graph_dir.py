@@ -10,6 +10,7 @@ import torch
 
 from gnnscale.errors import GraphDirError
 from gnnscale.storage.meta import read_meta
+from gnnscale.storage.node_order import NodeOrder, load_node_order
 
 SHARD_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask", "src", "dst")
 
@@ -47,6 +48,11 @@ class GraphDir:
     @property
     def num_shards(self) -> int:
         return len(self.meta["shards"])
+
+    @cached_property
+    def node_order(self) -> NodeOrder:
+        """The map between the user's node IDs and this graph_dir's (identity unless shard.reorder)."""
+        return load_node_order(self.path, self.meta)
 
     @cached_property
     def node_starts(self) -> np.ndarray:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from gnnscale.errors import GraphDirError
+from gnnscale.storage.node_order import order_files
 from gnnscale.utils.atomic import write_json
 
 META_FILE = "meta.json"
@@ -76,6 +77,7 @@ def recorded_files(
     files = []
     if "shards" in parts:
         files += [(s["file"], s["sha256"], "shard") for s in meta["shards"]]
+        files += [(rel, sha, "shard") for rel, sha in order_files(meta)]  # the map to the user's IDs
     csc = meta.get("csc")
     if "csc" in parts and csc:
         sums = csc.get("sha256") or {}

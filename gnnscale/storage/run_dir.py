@@ -76,7 +76,16 @@ def train_interrupted(run_dir: Path) -> bool:
 
 
 def infer_finished(run_dir: Path) -> bool:
-    return all((run_dir / f).is_file() for f in (SUMMARY, EMB_INFO, EMBEDDINGS, PREDICTIONS))
+    """summary.json, emb_info.json, the embeddings and (not for a link model: no classes) predictions."""
+    if not all((run_dir / f).is_file() for f in (SUMMARY, EMB_INFO, EMBEDDINGS)):
+        return False
+    return (run_dir / PREDICTIONS).is_file() or (read_json(run_dir / EMB_INFO) or {}).get("task") == "link"
+
+
+def recommend_finished(run_dir: Path) -> bool:
+    """summary.json (written last) and every output file it lists."""
+    summary = read_summary(run_dir)
+    return bool(summary) and all((run_dir / f).is_file() for f in summary.get("files", []))
 
 
 def keeps_layers(emb_info: dict) -> bool:

@@ -17,6 +17,16 @@ import torch
 
 from gnnscale.errors import DataError, GraphDirError
 from gnnscale.storage.meta import FORMAT_VERSION, META_FILE, shard_file_name, write_meta
+from gnnscale.storage.node_order import (
+    NEW_TO_OLD,
+    OLD_TO_NEW,
+    ORDER_DIR,
+    check_method,
+    check_permutation,
+    degree_order,
+    inverse,
+    rcm_order,
+)
 from gnnscale.utils.atomic import atomic_path, fsync_dir, sha256_file
 from gnnscale.utils.diskspace import ensure_space
 
@@ -84,8 +94,11 @@ class ShardWriter:
         policy: EdgePolicy,
         feat_dtype: str = "float32",
         overwrite: bool = False,
+        reorder: str = "none",
     ):
         self.graph_dir = Path(graph_dir)
+        self.reorder = check_method(reorder)
+        self._new_to_old: np.ndarray | None = None  # set by _relabel: row i of graph_dir = source node [i]
         if num_nodes <= 0:
             raise DataError(f"the graph has {num_nodes} nodes", "check the input files")
         if nodes_per_shard <= 0:
@@ -203,13 +216,17 @@ class ShardWriter:
         self._edges_in += len(src)
         if self.policy.make_undirected:
             src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+        self._bucket(src, dst, self._edge_files)
+
+    def _bucket(self, src: np.ndarray, dst: np.ndarray, files) -> None:
+        """Append each edge to the spill file of its destination's shard."""
         shard = dst // self.nodes_per_shard
         order = np.argsort(shard, kind="stable")
         bounds = np.searchsorted(shard[order], np.arange(self.num_shards + 1))
         pairs = np.empty((len(src), 2), dtype=np.int64)
         pairs[:, 0], pairs[:, 1] = src[order], dst[order]
         for i in np.nonzero(np.diff(bounds))[0]:
-            self._edge_files[i].write(pairs[bounds[i] : bounds[i + 1]].tobytes())
+            files[i].write(pairs[bounds[i] : bounds[i + 1]].tobytes())
 
     # ------------------------------------------------------------------ output
     def finish(
@@ -238,21 +255,24 @@ class ShardWriter:
         split_origin = "source" if (has_source_split and use_source_split) else "random"
         shards, total_edges, counts = [], 0, np.zeros(3, dtype=np.int64)
         t0 = time.time()
+        node_order = self._relabel() if self.reorder != "none" else {"method": "none"}
         for i in range(self.num_shards):
             lo, hi = i * self.nodes_per_shard, min((i + 1) * self.nodes_per_shard, self.num_nodes)
-            ids = np.arange(lo, hi, dtype=np.int64)
-            label = np.asarray(self._label[lo:hi])
+            # the source's ids of this shard's rows: labels, features and the (source or hashed) split
+            # follow their node, so a reordered graph_dir splits exactly the same nodes
+            ids = np.arange(lo, hi, dtype=np.int64) if self._new_to_old is None else self._new_to_old[lo:hi]
+            label = _rows(self._label, lo, hi, self._new_to_old)
             split = (
-                np.asarray(self._split[lo:hi])
+                _rows(self._split, lo, hi, self._new_to_old)
                 if split_origin == "source"
                 else random_split(ids, label >= 0, split_fractions, seed)
             )
-            src, dst = self._shard_edges(i, lo, hi)
+            src, dst = self._shard_edges(i, lo, hi, apply_policy=self._new_to_old is None)
             for k in range(3):
                 counts[k] += int((split == k).sum())
             tensors = {
-                "feat": torch.from_numpy(np.ascontiguousarray(self._feat[lo:hi])),
-                "label": torch.from_numpy(label.copy()),
+                "feat": torch.from_numpy(_rows(self._feat, lo, hi, self._new_to_old)),
+                "label": torch.from_numpy(label),
                 "train_mask": torch.from_numpy(split == SPLIT_TRAIN),
                 "val_mask": torch.from_numpy(split == SPLIT_VAL),
                 "test_mask": torch.from_numpy(split == SPLIT_TEST),
@@ -302,6 +322,7 @@ class ShardWriter:
             },
             "input_edges": int(self._edges_in),
             "nodes_per_shard": self.nodes_per_shard,
+            "node_order": node_order,
             "shards": shards,
             "shard_time_s": round(time.time() - t0, 3),
         }
@@ -310,10 +331,18 @@ class ShardWriter:
         self._publish()
         return meta
 
-    def _shard_edges(self, i: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """This shard's edges sorted by (dst, src), with the self-loop and duplicate policy applied."""
+    def _shard_edges(
+        self, i: int, lo: int, hi: int, apply_policy: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """This shard's edges sorted by (dst, src), with the self-loop and duplicate policy applied
+        (apply_policy=False: _relabel applied it already, only sort)."""
         raw = np.fromfile(self.staging / "_spill" / f"edges_{i:05d}.bin", dtype=np.int64).reshape(-1, 2)
         src, dst = raw[:, 0], raw[:, 1]
+        if not apply_policy:
+            key = (dst - lo) * self.num_nodes + src
+            del raw, src, dst
+            key.sort()
+            return key % self.num_nodes, key // self.num_nodes + lo
         if self.policy.self_loops in ("remove", "add"):
             keep = src != dst
             src, dst = src[keep], dst[keep]
@@ -325,6 +354,66 @@ class ShardWriter:
         del raw, src, dst
         key = np.unique(key) if self.policy.duplicate_edges == "remove" else np.sort(key)
         return key % self.num_nodes, key // self.num_nodes + lo
+
+    def _relabel(self) -> dict:
+        """Choose the node order and rewrite the edge spill files in the new IDs; returns meta's node_order.
+
+        Out of core like the rest of the writer: one pass over the spill buckets (source IDs) applies the
+        edge policy once and counts each node's exact in-degree (and, for rcm only, keeps the adjacency);
+        a second pass maps both endpoints and re-buckets by the new destination shard. Heap: two int64
+        maps (16 bytes per node) plus one bucket; rcm adds its in-memory adjacency (see rcm_order).
+        The node rows stay in the staging arrays and are gathered in the new order when shards are written.
+        """
+        t0 = time.time()
+        sp, n = self.staging / "_spill", self.num_nodes
+        in_degree = np.zeros(n, dtype=np.int64)
+        adjacency = []
+        for i in range(self.num_shards):
+            lo, hi = i * self.nodes_per_shard, min((i + 1) * self.nodes_per_shard, n)
+            src, dst = self._shard_edges(i, lo, hi)
+            in_degree[lo:hi] = np.bincount(dst - lo, minlength=hi - lo)
+            if self.reorder == "rcm":
+                adjacency.append(src.astype(np.int32))  # rows = destinations, sorted by (dst, src): a CSR
+            np.stack([src, dst], axis=1).tofile(sp / f"edges_{i:05d}.bin")  # cleaned: the policy ran once
+            del src, dst
+        if self.reorder == "degree":
+            new_to_old = degree_order(in_degree)
+        else:
+            indptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(in_degree, out=indptr[1:])
+            indices = np.concatenate(adjacency) if adjacency else np.zeros(0, dtype=np.int32)
+            del adjacency
+            new_to_old = rcm_order(indptr, indices, n, symmetric=self.policy.make_undirected)
+            del indices
+        check_permutation(new_to_old, n)
+        old_to_new = inverse(new_to_old)
+        moved = [open(sp / f"relabelled_{i:05d}.bin", "wb") for i in range(self.num_shards)]
+        try:
+            for i in range(self.num_shards):
+                path = sp / f"edges_{i:05d}.bin"
+                raw = np.fromfile(path, dtype=np.int64).reshape(-1, 2)
+                self._bucket(old_to_new[raw[:, 0]], old_to_new[raw[:, 1]], moved)
+                del raw
+                os.unlink(path)
+        finally:
+            for fh in moved:
+                fh.close()
+        for i in range(self.num_shards):
+            os.replace(sp / f"relabelled_{i:05d}.bin", sp / f"edges_{i:05d}.bin")
+        self._new_to_old = new_to_old
+        folder = self.staging / ORDER_DIR
+        folder.mkdir()
+        sums = {}
+        for name, arr in ((NEW_TO_OLD, new_to_old), (OLD_TO_NEW, old_to_new)):
+            with atomic_path(folder / name) as tmp, open(tmp, "wb") as fh:
+                np.save(fh, arr)
+            sums[name] = sha256_file(folder / name)
+        return {
+            "method": self.reorder,
+            "dir": ORDER_DIR,
+            "sha256": sums,
+            "time_s": round(time.time() - t0, 3),
+        }
 
     def _publish(self) -> None:
         fsync_dir(self.staging)
@@ -345,6 +434,18 @@ class ShardWriter:
                 fh.close()
         if self.staging.exists():
             shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _rows(arr: np.ndarray, lo: int, hi: int, new_to_old: np.ndarray | None) -> np.ndarray:
+    """Rows [lo, hi) of the graph_dir as a fresh array: a slice of the staging array, or for a reordered
+    graph its source rows new_to_old[lo:hi], gathered in file order (sequential reads, fewer seeks)."""
+    if new_to_old is None:
+        return np.array(arr[lo:hi])
+    ids = new_to_old[lo:hi]
+    order = np.argsort(ids, kind="stable")
+    out = np.empty((len(ids),) + arr.shape[1:], dtype=arr.dtype)
+    out[order] = arr[ids[order]]
+    return out
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from torch import nn
 
 from gnnscale.errors import ConfigError
 from gnnscale.models import build_model
+from gnnscale.models.checkpoint import LINK_DECODER
 from gnnscale.sampling.batch import Batch
 from gnnscale.sampling.link import POSITIVES
 from gnnscale.tasks.link_metrics import check_link_metric, link_scores
@@ -82,7 +83,8 @@ class LinkPrediction:
         model = build_model(model_cfg, in_dim, int(model_cfg.hidden))
         if self.decoder_kind == "mlp":
             self.decoder = PairMLP(int(model_cfg.hidden))
-            model.add_module("link_decoder", self.decoder)  # trained, saved and restored with the GNN
+            # trained, saved and restored with the GNN (models/checkpoint.LINK_DECODER: infer leaves it out)
+            model.add_module(LINK_DECODER.rstrip("."), self.decoder)
         return model
 
     def pair_scores(self, h: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
@@ -125,7 +127,7 @@ class LinkPrediction:
     @torch.no_grad()
     def collect(self, out: torch.Tensor, b: Batch) -> tuple:
         """Positive scores [B] and the scores against the batch's shared negatives [B, E] (the positive's
-        own destination masked as NaN), on the CPU."""
+        own destination, and for filtered ranking b.neg_known, masked as NaN), on the CPU."""
         h = out.float()
         u, v = b.pos_pairs
         pos = self.pair_scores(h, b.pos_pairs)
@@ -140,6 +142,8 @@ class LinkPrediction:
                 ]
             )
         neg = neg.masked_fill(b.neg_dst[None, :] == v[:, None], float("nan"))
+        if b.neg_known is not None:  # known edges of each source: no negatives (filtered ranking)
+            neg[b.neg_known[0], b.neg_known[1]] = float("nan")
         return pos.cpu(), neg.cpu()
 
     def score(self, collected: list[tuple]) -> dict:

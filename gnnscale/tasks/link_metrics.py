@@ -2,7 +2,8 @@
 
 Ranking (OGB's protocol, as ogbl-citation2): each positive is ranked against its own row of negative
 scores; rank = 1 + (negatives above it) + half the ties, MRR = mean(1 / rank), Hits@K = share of positives
-with rank <= K. NaN entries in a row are no negatives (masked: e.g. the positive's own destination).
+with rank <= K. NaN entries in a row are no negatives (masked: the positive's own destination and, ranked
+against all nodes, the source itself and its other known edges: the filtered setting, sampling/link.py).
 ROC-AUC pools every positive and every (non-NaN) negative: the probability that a random positive scores
 above a random negative, ties counting half (Mann–Whitney U, as sklearn.metrics.roc_auc_score).
 """

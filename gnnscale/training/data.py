@@ -37,7 +37,7 @@ class TrainData:
         return str(self.graph.meta["name"])
 
     def hold_features_in_memory(self) -> None:
-        features = FeatureStore(self.graph, in_memory=True)
+        features = self.features.reopened(in_memory=True)
         if not features.all_finite():
             raise DataError(
                 f"features in '{self.graph.path}' hold NaN or inf",
@@ -66,22 +66,26 @@ class TrainData:
         return {
             "name": self.name,
             "num_nodes": self.graph.num_nodes,
-            "feat_dim": self.feat_dim,
+            "feat_dim": self.features.stored_dim,
+            **({"degree_feature": True} if self.features.degree_indptr is not None else {}),
             "num_classes": self.num_classes,
             "graph_dir": str(self.graph.path),
         }
 
 
-def load_train_data(graph_dir: str, feature_cache: str = "mmap", verify: str = "stamp") -> TrainData:
+def load_train_data(
+    graph_dir: str, feature_cache: str = "mmap", verify: str = "stamp", degree_feature: bool = False
+) -> TrainData:
     """Structure, labels and splits; features memory-mapped, or in RAM for feature_cache=memory
     (`auto` is decided later, from the memory plan: TrainData.hold_features_in_memory). First the files
-    are checked against meta.json (verify=stamp|full|off, storage/verify.py): a changed one is exit 2."""
+    are checked against meta.json (verify=stamp|full|off, storage/verify.py): a changed one is exit 2.
+    degree_feature: each feature row ends in log1p(in-degree) (model.degree_feature)."""
     graph = GraphDir(graph_dir)
     verify_graph_dir(graph.path, verify, meta=graph.meta)
     g = to_dgl_graph(graph)  # raises GraphDirError with "run build-csr first" when csc/ is absent
     num_classes = int(graph.meta["num_classes"])
-    feat_dim = int(graph.meta["feat_dim"])
-    features = FeatureStore(graph, in_memory=False)
+    indptr = g.adj_tensors("csc")[0].numpy() if degree_feature else None
+    features = FeatureStore(graph, in_memory=False, degree_indptr=indptr)
     labels = graph.labels().to(torch.int64)
     splits, unlabelled = {}, {}
     for split in SPLITS:
@@ -105,15 +109,18 @@ def load_train_data(graph_dir: str, feature_cache: str = "mmap", verify: str = "
             f"'{graph_dir}' has no labelled training nodes",
             "shard it with a split (data.split_fractions or the source's split)",
         )
-    data = TrainData(graph, g, features, labels, splits, num_classes, feat_dim, "mmap")
+    data = TrainData(graph, g, features, labels, splits, num_classes, features.feat_dim, "mmap")
     if feature_cache == "memory":
         data.hold_features_in_memory()
     return data
 
 
-def load_link_data(graph_dir: str, task_cfg, seed: int, emb_dim: int, verify: str = "stamp") -> TrainData:
+def load_link_data(
+    graph_dir: str, task_cfg, seed: int, emb_dim: int, verify: str = "stamp", degree_feature: bool = False
+) -> TrainData:
     """task=link: the edge split (made on first use), the message-passing graph without its val / test
-    edges, features; labels are not needed. num_classes is the embedding width (the model's output)."""
+    edges, features; labels are not needed. num_classes is the embedding width (the model's output).
+    The degree column (degree_feature) counts message-passing edges only: a val / test edge adds nothing."""
     graph = GraphDir(graph_dir)
     verify_graph_dir(graph.path, verify, meta=graph.meta)
     split = ensure_edge_split(
@@ -129,7 +136,5 @@ def load_link_data(graph_dir: str, task_cfg, seed: int, emb_dim: int, verify: st
     nodes = torch.arange(n)
     # The memory plan probes node batches; a link batch's nodes are drawn from all of them.
     splits = {"train": nodes, "val": nodes[:0], "test": nodes[:0]}
-    features = FeatureStore(graph, in_memory=False)
-    return TrainData(
-        graph, g, features, labels, splits, int(emb_dim), int(graph.meta["feat_dim"]), "mmap", split
-    )
+    features = FeatureStore(graph, in_memory=False, degree_indptr=split.indptr if degree_feature else None)
+    return TrainData(graph, g, features, labels, splits, int(emb_dim), features.feat_dim, "mmap", split)

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from gnnscale.sampling.link import (
     ClusterLinkLoader,
+    KnownEdges,
     LinkEvalLoader,
     LinkLoader,
     NegativeSampler,
@@ -44,10 +45,12 @@ def build_link_streams(
             return lambda: WalkLinkLoader(data.g, split, sampler, batch_size, negatives, k, walk)
         return lambda: LinkLoader(data.g, split, sampler, batch_size, negatives, k)
 
-    def eval_loader(pairs, code: int):
-        return lambda: LinkEvalLoader(
-            data.g, pairs, samplers["eval"], eval_bs, int(task.eval_negatives), int(cfg.seed), code
-        )
+    e, n = int(task.eval_negatives), data.graph.num_nodes
+    all_nodes = e <= 0 or e >= n  # ranked against every node: filtered by the edges known then
+
+    def eval_loader(pairs, code: int, known_parts: tuple[str, ...]):
+        known = KnownEdges.of_split(split, known_parts) if all_nodes else None
+        return lambda: LinkEvalLoader(data.g, pairs, samplers["eval"], eval_bs, e, int(cfg.seed), code, known)
 
     phases = resolve_phases(cfg)
     train = [
@@ -56,6 +59,7 @@ def build_link_streams(
     ]
     return {
         "train": train,
-        "val": stream(eval_loader(split.val, _VAL)),
-        "test": stream(eval_loader(split.test, _TEST)),
+        # val is filtered by the training and val edges; test also by the test edges (all then known)
+        "val": stream(eval_loader(split.val, _VAL, ("val",))),
+        "test": stream(eval_loader(split.test, _TEST, ("val", "test"))),
     }

@@ -57,12 +57,13 @@ def link_summary(cfg: DictConfig, data, result) -> dict:
 
 def load_task_data(cfg: DictConfig) -> TrainData:
     """The task's training data: node labels and splits, or (task=link) the edge split and its graph."""
+    degree = bool(cfg.model.get("degree_feature", False))
     if task_name(cfg) == "link":
         return load_link_data(
-            cfg.graph_dir, cfg.task, int(cfg.seed), int(cfg.model.hidden), verify=cfg.verify
+            cfg.graph_dir, cfg.task, int(cfg.seed), int(cfg.model.hidden), cfg.verify, degree
         )
     needs_labels(cfg.graph_dir)
-    return load_train_data(cfg.graph_dir, verify=cfg.verify)
+    return load_train_data(cfg.graph_dir, verify=cfg.verify, degree_feature=degree)
 
 
 def few_labels_profile(cfg: DictConfig, data: TrainData) -> tuple[DictConfig, dict]:

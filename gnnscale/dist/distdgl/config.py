@@ -27,6 +27,10 @@ def check_distdgl_cfg(cfg: DictConfig) -> None:
             f"dist=distdgl does not train model={cfg.model.arch}",
             f"pass model=sage (supported: {', '.join(ARCHS)}), or use dist=none / dist=ddp",
         )
+    if cfg.model.get("degree_feature", False):
+        raise ConfigError(
+            "dist=distdgl does not train with model.degree_feature", "drop it, or use dist=none / dist=ddp"
+        )
     if uses_phases(cfg):
         raise ConfigError("dist=distdgl does not run train.phases", "drop train.phases, or use dist=none")
     if cfg.get("resume") or t.resume:
