@@ -54,7 +54,7 @@ def run(cfg: DictConfig) -> dict:
         with metered() as meter:
             summary = run_sampled(ck, graph, layer, run_dir, opts, int(cfg.seed), device)
         return _report({**summary, **meter.stats()}, run_dir)
-    ensure_space(run_dir, _disk_bytes(ck, graph.num_nodes, opts))  # mapped writes: refuse up front
+    ensure_space(run_dir, _disk_bytes(ck, graph, opts))  # mapped writes: refuse up front
     with metered() as meter:
         indptr, indices = open_csc(graph)
         model = ck.model.to(device)
@@ -64,10 +64,13 @@ def run(cfg: DictConfig) -> dict:
     return _report(layerwise_summary("layerwise", ck, graph, layers, out, meter.stats()), run_dir)
 
 
-def _disk_bytes(ck, num_nodes: int, opts) -> int:
-    """About what a layer-wise run writes: every layer's rows (or only the embedding layer's), predictions."""
+def _disk_bytes(ck, graph, opts) -> int:
+    """About what a layer-wise run writes: every layer's rows (or only the embedding layer's), predictions,
+    and for a reordered graph_dir the embeddings' copy in the user's node order."""
     widths = [int(ck.model_cfg.get("hidden", 0))] * (ck.num_layers - 1) + [ck.num_classes]
-    return num_nodes * (4 * (sum(widths) if opts.cache_layers else max(widths)) + 8)
+    rows = sum(widths) if opts.cache_layers else max(widths)
+    copy = 0 if graph.node_order.identity else max(widths)
+    return graph.num_nodes * (4 * (rows + copy) + 8)
 
 
 def _update(cfg: DictConfig, opts, device) -> dict:
