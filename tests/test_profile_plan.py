@@ -15,6 +15,7 @@ from gnnscale.profile.full_graph import full_graph_memory
 from gnnscale.profile.minibatch import ego_size, worst_case
 from gnnscale.profile.plan import make_plan
 from gnnscale.profile.recommend import recommend
+from gnnscale.profile.report import summary_rows
 from gnnscale.profile.stats import GraphStats, degree_counts, degree_stats, graph_stats
 from gnnscale.utils.memlimit import Budget
 from tests.conftest import TINY_SYNTHETIC, build_graph, compose, shared_data
@@ -203,6 +204,8 @@ def test_profile_stage_writes_json_and_valid_pngs(tmp_path):
     )  # fmt: skip
     saved = json.loads((tmp_path / "p" / "profile.json").read_text())
     assert saved["recommendation"]["formation"] == out["recommendation"]["formation"] == "full"
+    # the table names the preset to pass, as the user would type it
+    assert summary_rows(saved)["recommended formation"] == "full (+exp=full_gcn (or +exp=full_sage))"
     assert len(saved["plots"]) == 4
     for png in saved["plots"]:
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

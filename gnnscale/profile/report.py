@@ -68,7 +68,7 @@ def write_plots(run_dir: Path, report: dict) -> list[Path]:
 def summary_rows(report: dict) -> dict:
     plan, rec = report["plan"], report["recommendation"]
     rows = {
-        "recommended formation": f"{rec['formation']} (+exp={rec.get('preset')})",
+        "recommended formation": f"{rec['formation']} ({rec.get('preset')})",
         "budget": f"{plan['budget']['gb']} GB ({plan['budget']['why']})",
         "full-graph training (predicted)": f"{plan['full_graph']['total_gb']} GB",
         "mini-batch peak (predicted)": f"{plan['minibatch']['predicted_peak']['anon_bytes'] / 2**30:.2f} GB",
