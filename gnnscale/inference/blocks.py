@@ -10,19 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from gnnscale.sampling.blocks import BlockBuilder  # noqa: F401  (re-exported: the layer-wise path builds its blocks with it)
+from gnnscale.storage.csc import rows_edges
 
 _SCAN_CHUNK = 1 << 22  # edges per step when scanning every edge (bounded heap)
-
-
-def rows_edges(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Edge positions of the given (sorted) rows in CSC order, and each position's row index in `rows`."""
-    starts = np.asarray(indptr[rows], dtype=np.int64)
-    lens = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
-    total = int(lens.sum())
-    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lens)
-    offs = np.cumsum(lens) - lens
-    pos = np.arange(total, dtype=np.int64) - offs[owner] + starts[owner]
-    return pos, owner
 
 
 class Adjacency:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from gnnscale.errors import DataError
-from gnnscale.inference.blocks import Adjacency, rows_edges
-from gnnscale.storage.csc import build_csc
+from gnnscale.inference.blocks import Adjacency
+from gnnscale.storage.csc import build_csc, rows_edges
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.shard_writer import (

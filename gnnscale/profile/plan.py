@@ -42,17 +42,16 @@ from gnnscale.utils.memlimit import Budget
 DESCRIBED_FANOUT = 10  # a described graph with a formation without fanouts is planned as this per layer
 
 
-def make_plan(cfg, budget: Budget) -> dict:
+def make_plan(cfg, budget: Budget, data=None) -> dict:
     """{"graph", "model", "full_graph", "minibatch", "speed", "recommendation", "budget"}: one JSON-able
-    dict."""
+    dict. data: the graph as train opens it (load_train_data), when the caller has it open already."""
     check_train_cfg(cfg)
     described = float(cfg.profile.num_nodes) > 0
-    data = None
     if described:
-        stats = described_stats(cfg.profile)
+        stats, data = described_stats(cfg.profile), None
     else:
         stats = graph_stats(cfg.graph_dir)
-        data = load_train_data(cfg.graph_dir, degree_feature=bool(cfg.model.get("degree_feature", False)))
+        data = data or load_train_data(cfg.graph_dir, degree_feature=cfg.model.degree_feature)
     num_train = len(data.splits["train"]) if data is not None else stats.num_train
     cfg, few_labels, _ = apply_few_labels(cfg, num_train)  # what train would change on this graph
     layers = int(cfg.model.num_layers)

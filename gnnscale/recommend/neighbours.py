@@ -11,16 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gnnscale.storage.csc import rows_edges
+
 _EDGE_CHUNK = 1 << 22  # edges per step of the transpose (bounded heap)
-
-
-def rows_gather(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row position in `rows`, neighbour id) of every edge of the given rows, read from the mmap."""
-    starts = np.asarray(indptr[rows], dtype=np.int64)
-    lens = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
-    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lens)
-    pos = np.arange(int(lens.sum()), dtype=np.int64) - (np.cumsum(lens) - lens)[owner] + starts[owner]
-    return owner, np.asarray(indices[pos], dtype=np.int64)
 
 
 def transpose(indptr: np.ndarray, indices: np.ndarray, folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +66,8 @@ class Neighbours:
         parts = []
         rows = nodes if self.order is None else self.order.to_graph(nodes)
         for indptr, indices in self.adjs:
-            owner, nbr = rows_gather(indptr, indices, rows)
+            pos, owner = rows_edges(indptr, rows)
+            nbr = np.asarray(indices[pos], dtype=np.int64)
             if self.order is not None:
                 nbr = self.order.to_user(nbr)
             parts.append(owner * self.num_nodes + nbr)

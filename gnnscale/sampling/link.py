@@ -32,6 +32,7 @@ import torch
 
 from gnnscale.errors import ConfigError
 from gnnscale.sampling.batch import Batch
+from gnnscale.storage.csc import rows_edges
 
 LINK_FORMATIONS = ("neighbor", "labor", "cluster_gcn")
 POSITIVES = ("edges", "random_walk")
@@ -223,9 +224,8 @@ class KnownEdges:
     def __init__(self, num_nodes: int, src: np.ndarray, dst: np.ndarray):
         src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
         order = np.argsort(src, kind="stable")
-        self.dst = torch.from_numpy(dst[order])
-        counts = np.bincount(src, minlength=num_nodes)
-        self.ptr = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        self.dst = dst[order]
+        self.ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=num_nodes))]).astype(np.int64)
 
     @classmethod
     def of_split(cls, split, parts: tuple[str, ...]) -> "KnownEdges":
@@ -243,13 +243,10 @@ class KnownEdges:
 
     def of(self, sources: torch.Tensor) -> torch.Tensor:
         """[2, K] (i, x): x is sources[i] itself or a known partner of it (the target among them)."""
-        sources = sources.to(torch.int64)
-        starts = self.ptr[sources]
-        lens = self.ptr[sources + 1] - starts
-        owner = torch.repeat_interleave(torch.arange(len(sources)), lens)
-        offset = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[owner]
-        rows = torch.cat([owner, torch.arange(len(sources))])
-        return torch.stack([rows, torch.cat([self.dst[starts[owner] + offset], sources])])
+        src = sources.to(torch.int64).numpy()
+        pos, owner = rows_edges(self.ptr, src)
+        rows = np.concatenate([owner, np.arange(len(src))])
+        return torch.from_numpy(np.stack([rows, np.concatenate([self.dst[pos], src])]))
 
 
 class LinkEvalLoader:

@@ -42,10 +42,12 @@ def run(cfg: DictConfig) -> dict:
     kinds = _compared_kinds(cfg) if opts.compare_samplers else []  # a bad name fails before the plan runs
     run_dir = make_run_dir(cfg, "profile")
     with metered() as meter:
-        report = {"plan": make_plan(cfg, budget)}
         described = float(opts.num_nodes) > 0
+        # opened once, as train opens it: for the plan and for the timed steps
+        data = None if described else load_train_data(cfg.graph_dir, degree_feature=cfg.model.degree_feature)
+        report = {"plan": make_plan(cfg, budget, data)}
         if opts.measure and not described:
-            report["measured"] = _measure(cfg, run_dir, report["plan"]["speed"])
+            report["measured"] = _measure(cfg, run_dir, report["plan"]["speed"], data)
         if opts.compare_samplers and not described:
             report["comparison"] = _compare(cfg, kinds, run_dir, report["plan"])
     report["recommendation"] = report["plan"]["recommendation"]
@@ -65,13 +67,12 @@ def run(cfg: DictConfig) -> dict:
     return {**report, "run_dir": str(run_dir)}
 
 
-def _measure(cfg: DictConfig, run_dir: Path, predicted: dict) -> dict:
+def _measure(cfg: DictConfig, run_dir: Path, predicted: dict, data) -> dict:
     """Timed steps judged against the plan's own micro-measurements (gather bandwidth, matmul rate): the
     plan probed the same sampler's mean batch, so measuring them again would only repeat the work."""
     from gnnscale.profile.measure import bounds, doubling_test, measure_steps
 
     device = pick_device(cfg.train.device)
-    data = load_train_data(cfg.graph_dir, degree_feature=bool(cfg.model.get("degree_feature", False)))
     trace = run_dir / "trace.json" if cfg.profile.trace else None
     m = measure_steps(cfg, data, device, int(cfg.profile.num_batches), trace_path=trace)
     bw, flops = predicted["gather_bandwidth"], predicted["matmul"]

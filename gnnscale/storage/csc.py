@@ -22,6 +22,18 @@ from gnnscale.utils.faults import fault_point
 CSC_DIR = "csc"
 
 
+def rows_edges(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edge positions of the given rows in CSC order, and each position's row index in `rows` (the one
+    expansion of CSR/CSC rows into their edges: inference blocks, recommend's neighbour sets, known edges)."""
+    starts = np.asarray(indptr[rows], dtype=np.int64)
+    lens = np.asarray(indptr[rows + 1], dtype=np.int64) - starts
+    total = int(lens.sum())
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lens)
+    offs = np.cumsum(lens) - lens
+    pos = np.arange(total, dtype=np.int64) - offs[owner] + starts[owner]
+    return pos, owner
+
+
 def _check_shard_edges(i: int, src: np.ndarray, dst: np.ndarray, lo: int, hi: int, n: int) -> None:
     if len(dst) == 0:
         return

@@ -34,11 +34,6 @@ def check_method(method: str) -> str:
     return method
 
 
-def needs_csr(method: str) -> bool:
-    """rcm walks the adjacency; degree only needs the in-degree counts."""
-    return method == "rcm"
-
-
 def degree_order(in_degree: np.ndarray) -> np.ndarray:
     """new_to_old: in-degree descending, ties by original id (stable sort on the negated degree).
 

@@ -57,7 +57,7 @@ def link_summary(cfg: DictConfig, data, result) -> dict:
 
 def load_task_data(cfg: DictConfig) -> TrainData:
     """The task's training data: node labels and splits, or (task=link) the edge split and its graph."""
-    degree = bool(cfg.model.get("degree_feature", False))
+    degree = cfg.model.degree_feature
     if task_name(cfg) == "link":
         return load_link_data(
             cfg.graph_dir, cfg.task, int(cfg.seed), int(cfg.model.hidden), cfg.verify, degree
