@@ -9,7 +9,8 @@ nodes inside each batch, then score test accuracy over all neighbours.
   dgl_cluster_gcn   DGL's documented recipe: dgl.graph from the edge list, features, labels and the train
                     mask in g.ndata, dgl.dataloading.ClusterGCNSampler(prefetch_ndata=[...]) +
                     dgl.dataloading.DataLoader over the cluster ids (shuffle=True)
-  gnnscale          `gnnscale train sampler=cluster_gcn` with the same settings
+  gnnscale          `gnnscale train sampler=cluster_gcn` with the same settings (norm none: each batch goes to
+                    the model as blocks over the rows the loss reads, sampling/prune.py; same loss)
 
 Fresh child process per side and round, order alternating, --repeats rounds; quoted: per-round ratios of
 mean epoch times with their median and spread (bench_train.py's method), test accuracy of both sides.

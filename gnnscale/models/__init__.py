@@ -98,6 +98,14 @@ def _norm(kind: str, dim: int) -> nn.Module:
     return nn.Identity()
 
 
+def exact_on_blocks(cfg) -> bool:
+    """Is every layer's output at a node a function of that node's own row and its in-edges alone? Then a
+    block holding a node's in-edges gives it the value the whole graph would (sampling/prune.py). Not for
+    GraphConv (norm="both" also reads the sources' out-degrees) nor batch norm (statistics over the rows
+    a layer computes)."""
+    return cfg.arch in ("sage", "mlp") and (cfg.norm or "none") != "batch"
+
+
 def check_model_cfg(cfg) -> None:
     if cfg.arch not in ARCHS:
         raise ConfigError(f"model.arch={cfg.arch!r} is not known", f"choose one of {', '.join(ARCHS)}")

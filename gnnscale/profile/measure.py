@@ -30,7 +30,7 @@ from gnnscale.sampling import build_loader
 from gnnscale.sampling.batch import Batch
 from gnnscale.tasks import build_task
 from gnnscale.training.batches import FeatureBuffers
-from gnnscale.training.build import build_samplers
+from gnnscale.training.build import build_samplers, loss_blocks_layers
 from gnnscale.training.phases import resolve_phases
 from gnnscale.training.precision import Precision
 from gnnscale.training.schedule import build_optimizer, build_scheduler
@@ -200,6 +200,7 @@ def measure_steps(
         num_workers=int(cfg.train.num_workers),
         drop_last=len(ids) >= batch_size,  # every timed batch full, when the split allows one
         seed_labels=data.labels[ids] if stratified else None,
+        loss_blocks_layers=loss_blocks_layers(cfg),
     )
     step = _build_step(cfg, data, device, max(len(loader), 1))
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, 0, device.type == "cuda")

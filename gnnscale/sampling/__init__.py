@@ -7,7 +7,9 @@ iterable of `Batch` (sampling/batch.py) over a seed set, seeded and shuffling. T
   random_walk) draws a neighbourhood per seed batch and runs inside DGL's DataLoader, its blocks
   relabelled by gnnscale (sampling/blocks.py) so seeded runs repeat;
 - a formation that makes its own batches (cluster_gcn, saint, full: one subgraph every layer runs on)
-  has a `loader(g, seeds, batch_size, shuffle, num_workers, drop_last)` method instead.
+  has a `loader(g, seeds, batch_size, shuffle, num_workers, drop_last)` method instead. Training hands
+  cluster_gcn's and saint's subgraphs (`per_batch_subgraphs`) to the model as blocks over the rows the
+  loss reads when that leaves the loss unchanged (sampling/prune.py).
 
 A sampler that needs the graph before its first batch (partitions, node scores, pre-sampled
 normalisation) has `prepare(ctx: SamplingContext)`, called once by the trainer's factories.
@@ -157,17 +159,25 @@ def build_loader(
     num_workers: int = 0,
     drop_last: bool = False,
     seed_labels: torch.Tensor | None = None,
+    loss_blocks_layers: int = 0,
 ):
     """An iterable of Batch over `seeds`. Shuffling draws from numpy's global RNG and sampling from
     DGL's, both reseeded per epoch by the training loop, so every epoch is reproducible.
 
     seed_labels (the seeds' labels, given for sampler.seed_order=stratified): each batch then holds the
-    labels' class proportions; the order is drawn when the loader is iterated, like DGL's shuffle."""
+    labels' class proportions; the order is drawn when the loader is iterated, like DGL's shuffle.
+    loss_blocks_layers (the model's layer count, when models.exact_on_blocks holds): a formation whose
+    batches are per-batch subgraphs yields them as blocks over what the loss reads (sampling/prune.py)."""
     import dgl
 
     own = getattr(sampler, "loader", None)
     if own is not None:
-        return own(g, seeds, batch_size, shuffle, num_workers, drop_last)
+        loader = own(g, seeds, batch_size, shuffle, num_workers, drop_last)
+        if loss_blocks_layers > 0 and getattr(sampler, "per_batch_subgraphs", False):
+            from gnnscale.sampling.prune import LossBlocksLoader
+
+            return LossBlocksLoader(loader, loss_blocks_layers)
+        return loader
     if seed_labels is not None and shuffle:
         from gnnscale.sampling.stratified import StratifiedLoader
 

@@ -6,6 +6,8 @@ Each epoch the clusters are shuffled (numpy's global RNG, reseeded per epoch by 
 `clusters_per_batch` at a time; a batch is the subgraph induced by their nodes — every edge between two of
 them, including the edges between different clusters of the batch, which is what Cluster-GCN's stochastic
 multiple clustering adds back. Every layer runs on that subgraph; the loss is on the training nodes inside.
+Training hands it on as blocks holding only the rows the loss reads, when that is exact for the model
+(sampling/prune.py: GraphSAGE and the MLP; GraphConv keeps the subgraph).
 
 An epoch has ceil(num_parts / clusters_per_batch) batches and uses every cluster exactly once. Each batch
 leads with a cluster that holds a training node (a batch without one would have no loss): the leads are a
@@ -43,6 +45,8 @@ class ClusterGcnSampler:
 
     num_parts 0 = ceil(num_nodes / nodes_per_part) parts, or with that 0 too, storage.partitions'
     default_num_parts (about one part per 1,000 nodes)."""
+
+    per_batch_subgraphs = True  # build_loader may hand them on as blocks over what the loss reads
 
     def __init__(
         self, num_parts: int = 0, method: str = "metis", clusters_per_batch: int = 20, nodes_per_part: int = 0

@@ -75,6 +75,8 @@ _PRESAMPLE_STREAM = 0x5A1  # the pre-sampling RNG: default_rng([seed, this])
 
 
 class SaintSampler:
+    per_batch_subgraphs = True  # build_loader may hand them on as blocks over what the loss reads
+
     def __init__(
         self,
         mode: str = "node",

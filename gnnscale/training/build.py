@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from gnnscale.errors import MemoryBudgetError
-from gnnscale.models import build_model, model_signature, signature_hash
+from gnnscale.models import build_model, exact_on_blocks, model_signature, signature_hash
 from gnnscale.sampling import SamplingContext, build_eval_sampler, build_loader, build_sampler
 from gnnscale.storage.run_dir import config_hash
 from gnnscale.training.batches import BatchStream, FeatureBuffers
@@ -127,6 +127,12 @@ def preflight(
     return p, decisions
 
 
+def loss_blocks_layers(cfg: DictConfig) -> int:
+    """build_loader's loss_blocks_layers: the layer count when subgraph batches may be cut to what the loss
+    reads without changing it (models.exact_on_blocks), else 0."""
+    return int(cfg.model.num_layers) if exact_on_blocks(cfg.model) else 0
+
+
 def build_streams(
     cfg: DictConfig,
     data: TrainData,
@@ -157,6 +163,7 @@ def build_streams(
                 shuffle=train,
                 num_workers=int(t.num_workers),
                 seed_labels=seed_labels,
+                loss_blocks_layers=loss_blocks_layers(cfg) if train else 0,
             ),
             data.features,
             data.labels,
