@@ -253,11 +253,44 @@ def test_pipeline_does_not_reuse_another_order(graphs):
         graph_up_to_date("shard", other)
 
 
-def test_update_on_a_reordered_graph_is_refused(tmp_path, graphs, ckpt):
-    """--update's changes.npz names the user's ids; until it maps them it refuses with one line."""
-    from gnnscale.errors import ConfigError
-
-    infer(tmp_path, "base", f"ckpt={ckpt}", f"graph_dir={graphs['degree']}")
-    np.savez(tmp_path / "c.npz", add_src=np.array([1]), add_dst=np.array([2]))
-    with pytest.raises(ConfigError, match="reordered"):
-        infer(tmp_path, "u", f"infer.changes={tmp_path / 'c.npz'}", f"infer.base={tmp_path / 'base'}")
+def test_update_on_a_reordered_graph_takes_user_ids(tmp_path, graphs, ckpt):
+    """--update's changes.npz names the user's ids: on a degree-ordered graph_dir the updated embeddings and
+    predictions equal those of the same update on the original order, and the graph it writes keeps the
+    map (a full infer of it gives the same outputs again)."""
+    rng = np.random.default_rng(5)
+    n = GraphDir(graphs["none"]).num_nodes
+    ref = load_graph(graphs["none"])
+    dst = np.repeat(np.arange(n), np.diff(ref["indptr"]))
+    gone = rng.choice(len(dst), 3, replace=False)
+    np.savez(
+        tmp_path / "c.npz",
+        add_src=rng.integers(0, n, 4),
+        add_dst=rng.integers(0, n, 4),
+        remove_src=ref["indices"][gone],
+        remove_dst=dst[gone],
+        feat_nodes=np.array([3, 77, 401]),
+        feat=rng.standard_normal((3, ref["feat"].shape[1])).astype(np.float32),
+    )
+    for m in ("none", "degree"):
+        infer(tmp_path, f"base_{m}", f"ckpt={ckpt}", f"graph_dir={graphs[m]}")
+        s = infer(
+            tmp_path,
+            f"upd_{m}",
+            f"infer.changes={tmp_path / 'c.npz'}",
+            f"infer.base={tmp_path / f'base_{m}'}",
+            f"infer.write_graph={tmp_path / f'g2_{m}'}",
+        )
+        assert s["changes"]["edges_removed"] == 6 and s["changes"]["feature_rows_changed"] == 3
+    outputs = ("embeddings.npy", "predictions.npy")
+    a, b = tmp_path / "upd_none", tmp_path / "upd_degree"
+    np.testing.assert_allclose(np.load(b / outputs[0]), np.load(a / outputs[0]), atol=1e-4)
+    assert np.array_equal(np.load(b / outputs[1]), np.load(a / outputs[1]))
+    assert not np.allclose(np.load(a / outputs[0]), np.load(tmp_path / "base_none" / outputs[0]), atol=1e-4)
+    written = GraphDir(tmp_path / "g2_degree")
+    assert written.node_order.method == "degree"
+    assert np.array_equal(written.node_order.new_to_old, _order(graphs["degree"])[0])
+    assert {c.status for c in check_files(written.path, "full")} <= {"ok (hashed)", "ok"}
+    infer(tmp_path, "full_degree", f"ckpt={ckpt}", f"graph_dir={written.path}")
+    np.testing.assert_allclose(
+        np.load(tmp_path / "full_degree" / outputs[0]), np.load(a / outputs[0]), atol=1e-4
+    )

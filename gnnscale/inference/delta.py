@@ -6,8 +6,9 @@ changes.npz (every key optional, at least one change):
   remove_src, remove_dst [r] int           edges removed
   mirror  scalar bool                      also apply each edge's reverse; default: the graph is undirected
 
-The delta (run_dir/graph_delta.npz) is always relative to the stored graph_dir, so updates chain:
-each update run composes its changes onto its base run's delta.
+Node ids are the user's: those of the source graph, mapped to the graph_dir's own on a graph_dir sharded
+with shard.reorder. The delta (run_dir/graph_delta.npz) is always relative to the stored graph_dir, in its
+ids, so updates chain: each update run composes its changes onto its base run's delta.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _ids(data, key: str, n: int, path: Path) -> np.ndarray:
     if a.size and (a.min() < 0 or a.max() >= n):
         raise DataError(
             f"{path}: '{key}' holds node id {int(a.min() if a.min() < 0 else a.max())} outside [0, {n})",
-            "node ids are those of the graph_dir",
+            "node ids are the source graph's, 0 .. num_nodes - 1",
         )
     return a
 
@@ -83,12 +84,17 @@ def read_changes(path: str | Path, graph: GraphDir) -> Changes:
             f"{path} has unknown key(s) {', '.join(unknown)}", f"valid keys: {', '.join(CHANGE_KEYS)}"
         )
     n, f = graph.num_nodes, int(graph.meta["feat_dim"])
+    order = graph.node_order  # the user's ids -> the graph_dir's (the identity unless shard.reorder)
+
+    def ids(key: str) -> np.ndarray:
+        return order.to_graph(_ids(data, key, n, path))
+
     ch = Changes(
-        feat_nodes=_ids(data, "feat_nodes", n, path),
-        add_src=_ids(data, "add_src", n, path),
-        add_dst=_ids(data, "add_dst", n, path),
-        remove_src=_ids(data, "remove_src", n, path),
-        remove_dst=_ids(data, "remove_dst", n, path),
+        feat_nodes=ids("feat_nodes"),
+        add_src=ids("add_src"),
+        add_dst=ids("add_dst"),
+        remove_src=ids("remove_src"),
+        remove_dst=ids("remove_dst"),
     )
     for a, b in (("add_src", "add_dst"), ("remove_src", "remove_dst")):
         if len(getattr(ch, a)) != len(getattr(ch, b)):
@@ -345,6 +351,8 @@ def write_updated_graph(
         feat_dtype="float32" if len(delta.feat_nodes) else meta["feat_dtype"],
         overwrite=overwrite,
     )
+    if not graph.node_order.identity:  # rows stay in graph_dir order: the map to the user's ids goes along
+        writer.keep_node_order(graph.path, meta["node_order"])
     try:
         feats = PatchedFeatures(FeatureStore(graph), delta)
         labels = graph.labels().numpy()

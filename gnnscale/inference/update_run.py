@@ -93,12 +93,6 @@ def open_update(ckpt_spec, graph_dir_spec, opts) -> UpdateJob:
             "run a full `gnnscale infer --layerwise` on it first",
         )
     check_fits_graph(ck, graph)
-    if not graph.node_order.identity:  # changes.npz names the user's ids; mapping them is not built yet
-        raise ConfigError(
-            f"graph_dir '{graph_dir}' is reordered (shard.reorder={graph.node_order.method}): "
-            "--update does not map node ids yet",
-            "run a full `gnnscale infer --layerwise`, or shard with shard.reorder=none",
-        )
     if ck.degree_feature:  # an edge change moves its endpoints' degree column: every layer's rows shift
         raise ConfigError(
             f"checkpoint {ck.path} was trained with model.degree_feature: --update cannot patch its layers",

@@ -99,6 +99,7 @@ class ShardWriter:
         self.graph_dir = Path(graph_dir)
         self.reorder = check_method(reorder)
         self._new_to_old: np.ndarray | None = None  # set by _relabel: row i of graph_dir = source node [i]
+        self._kept_order: tuple[Path, dict] | None = None  # keep_node_order: (graph_dir, its record)
         if num_nodes <= 0:
             raise DataError(f"the graph has {num_nodes} nodes", "check the input files")
         if nodes_per_shard <= 0:
@@ -255,7 +256,7 @@ class ShardWriter:
         split_origin = "source" if (has_source_split and use_source_split) else "random"
         shards, total_edges, counts = [], 0, np.zeros(3, dtype=np.int64)
         t0 = time.time()
-        node_order = self._relabel() if self.reorder != "none" else {"method": "none"}
+        node_order = self._relabel() if self.reorder != "none" else self._copy_kept_order()
         for i in range(self.num_shards):
             lo, hi = i * self.nodes_per_shard, min((i + 1) * self.nodes_per_shard, self.num_nodes)
             # the source's ids of this shard's rows: labels, features and the (source or hashed) split
@@ -354,6 +355,23 @@ class ShardWriter:
         del raw, src, dst
         key = np.unique(key) if self.policy.duplicate_edges == "remove" else np.sort(key)
         return key % self.num_nodes, key // self.num_nodes + lo
+
+    def keep_node_order(self, graph_dir: Path, record: dict) -> None:
+        """Rows given in an existing reordered graph_dir's order (a derived graph): carry its map to the
+        user's ids, files and meta record, instead of choosing an order."""
+        if self.reorder != "none":
+            raise DataError(
+                "a writer that reorders cannot also keep another graph's order", "use one of them"
+            )
+        self._kept_order = (Path(graph_dir), dict(record))
+
+    def _copy_kept_order(self) -> dict:
+        if self._kept_order is None:
+            return {"method": "none"}
+        graph_dir, record = self._kept_order
+        folder = record.get("dir", ORDER_DIR)
+        shutil.copytree(graph_dir / folder, self.staging / folder)
+        return record
 
     def _relabel(self) -> dict:
         """Choose the node order and rewrite the edge spill files in the new IDs; returns meta's node_order.
