@@ -69,10 +69,12 @@ def outputs_and_grads(model, layers, x, b_rows=None, weights=None):
     return out.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("aggregator", ["mean", "gcn", "pool"])
-def test_cluster_batch_as_loss_blocks_gives_the_subgraphs_outputs_and_gradients(gd, g, aggregator):
+@pytest.mark.parametrize(
+    ("aggregator", "norm"), [("mean", "none"), ("gcn", "none"), ("pool", "none"), ("mean", "layer")]
+)
+def test_cluster_batch_as_loss_blocks_gives_the_subgraphs_outputs_and_gradients(gd, g, aggregator, norm):
     torch.manual_seed(0)
-    model = build_model(model_cfg(aggregator=aggregator), FEAT_DIM, CLASSES)
+    model = build_model(model_cfg(aggregator=aggregator, norm=norm), FEAT_DIM, CLASSES)
     for b in cluster_batches(gd, g)[:3]:
         x_all = torch.randn(len(b.input_nodes), FEAT_DIM)
         want, want_grads = outputs_and_grads(model, b.layers(3), x_all, b.output_rows)
