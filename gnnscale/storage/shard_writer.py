@@ -357,12 +357,8 @@ class ShardWriter:
         return key % self.num_nodes, key // self.num_nodes + lo
 
     def keep_node_order(self, graph_dir: Path, record: dict) -> None:
-        """Rows given in an existing reordered graph_dir's order (a derived graph): carry its map to the
-        user's ids, files and meta record, instead of choosing an order."""
-        if self.reorder != "none":
-            raise DataError(
-                "a writer that reorders cannot also keep another graph's order", "use one of them"
-            )
+        """Rows given in an existing reordered graph_dir's order (a derived graph, written with
+        reorder="none"): carry its map to the user's ids, files and meta record."""
         self._kept_order = (Path(graph_dir), dict(record))
 
     def _copy_kept_order(self) -> dict:

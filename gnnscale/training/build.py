@@ -149,6 +149,7 @@ def build_streams(
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
+    cut = loss_blocks_layers(cfg)
 
     def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
         ids, bs = data.splits[split], batch_size if train else eval_bs
@@ -163,7 +164,7 @@ def build_streams(
                 shuffle=train,
                 num_workers=int(t.num_workers),
                 seed_labels=seed_labels,
-                loss_blocks_layers=loss_blocks_layers(cfg) if train else 0,
+                loss_blocks_layers=cut if train else 0,
             ),
             data.features,
             data.labels,
