@@ -19,15 +19,15 @@ torch.autograd.graph.saved_tensors_hooks on GraphConv and SAGEConv, CPU, fp32), 
 - heap slack: a step's tensors under 32 MB come from the heap, which keeps their freed holes (see
   MMAP_THRESHOLD): counted once more.
 - the process: what it holds before training (interpreter, torch, DGL, labels: measured in this process)
-  and the trainer's own overhead (minibatch.TRAINER_OVERHEAD). Both are in the total, because what is
+  and the trainer's own overhead (training/memory_plan.TRAINER_OVERHEAD). Both are in the total, because what is
   compared with it is the absolute peak RssAnon of a `gnnscale train +exp=full_gcn` process.
 """
 
 from __future__ import annotations
 
 from gnnscale.models import build_model
-from gnnscale.profile.minibatch import TRAINER_OVERHEAD
 from gnnscale.profile.stats import GraphStats
+from gnnscale.training.memory_plan import TRAINER_OVERHEAD
 
 BYTES = 4  # float32 activations and parameters
 GATHER_HEADROOM = 1.25  # training/batches.FeatureBuffers grows its buffer to 1.25x the rows asked for

@@ -25,14 +25,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gnnscale.training.memory_plan import BatchShape, MemoryPlan, Workload, _step_bytes, estimate, plan
+from gnnscale.training.memory_plan import (
+    BatchShape,
+    MemoryPlan,
+    Workload,
+    _step_bytes,
+    estimate,
+    plan,
+    plan_eval_batches,
+)
 from gnnscale.utils.memlimit import Budget
 
-# Extra memory of a running trainer the memory plan does not list: the autograd engine and its thread
-# pools, the optimizer's and scheduler's bookkeeping, the health diagnostics, checkpoint writes. Measured
-# as peak RssAnon of `gnnscale train` minus its plan on a 600-node graph, where nothing else is large
-# (2 cores; 48 MB with sage_2hop and with full_gcn).
-TRAINER_OVERHEAD = 48 << 20
 FANOUT_SCALES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 SMALLEST_BATCH = 64  # the leanest run the plan considers (smaller batches waste the hardware)
 
@@ -133,8 +136,8 @@ def batch_bytes(w: Workload) -> dict:
 
 def peak_bytes(p: MemoryPlan) -> dict:
     """The predicted peak of a train process: anonymous memory (heap) and RSS (mapped files too)."""
-    anon = sum(v for k, v in p.parts.items() if "(mmap)" not in k) + TRAINER_OVERHEAD
-    return {"anon_bytes": int(anon), "rss_bytes": int(p.rss + TRAINER_OVERHEAD)}
+    anon = sum(v for k, v in p.parts.items() if "(mmap)" not in k)
+    return {"anon_bytes": int(anon), "rss_bytes": int(p.rss)}
 
 
 class BatchModel:
@@ -177,11 +180,23 @@ class BatchModel:
         return replace(self.w, train=train, evals=evals)
 
     def plan(self, batch_size: int, fanouts: list[int] | None, lean: bool = False) -> MemoryPlan:
-        """The train stage's plan at these settings; lean = features memory-mapped, no prefetch."""
+        """The train stage's plan at these settings; lean = features memory-mapped, no prefetch. With
+        train.eval_batch_size=0 the evaluation batches halve to fit, as train's do (down to batch_size)."""
         w = self.workload(batch_size, fanouts)
+        if not self.eval_follows_batch:
+            return (
+                estimate(w, "mmap", 0, self.budget)
+                if lean
+                else plan(w, self.feature_cache, self.prefetch, self.budget)[0]
+            )
+        asked, n = 4 * batch_size, self.w.sizes.num_nodes
+
+        def at(seeds: int) -> Workload:  # evaluation batches of `seeds`, grown linearly (an upper bound)
+            return w if seeds == asked else replace(w, evals=w.evals.scaled(seeds / asked, n))
+
         if lean:
-            return estimate(w, "mmap", 0, self.budget)
-        return plan(w, self.feature_cache, self.prefetch, self.budget)[0]
+            return estimate(at(batch_size), "mmap", 0, self.budget)
+        return plan_eval_batches(at, asked, batch_size, self.feature_cache, self.prefetch, self.budget)[0]
 
     def fits(self, batch_size: int, fanouts: list[int] | None) -> bool:
         """The train stage's own test (its plan's must_fit within the budget): what it would accept."""

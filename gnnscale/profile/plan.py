@@ -19,7 +19,6 @@ from gnnscale.models import build_model
 from gnnscale.profile.full_graph import full_graph_memory
 from gnnscale.profile.minibatch import (
     SMALLEST_BATCH,
-    TRAINER_OVERHEAD,
     BatchModel,
     batch_bytes,
     ego_size,
@@ -35,7 +34,7 @@ from gnnscale.profile.stats import GraphStats, described_stats, graph_stats
 from gnnscale.sampling import has_fanouts
 from gnnscale.training.build import build_samplers, resolve_prefetch
 from gnnscale.training.data import load_train_data
-from gnnscale.training.memory_plan import BatchShape, Sizes, Workload, probe_batches
+from gnnscale.training.memory_plan import TRAINER_OVERHEAD, BatchShape, Sizes, Workload, probe_batches
 from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
 from gnnscale.utils.memlimit import Budget
 

@@ -93,7 +93,7 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
         peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
         trainer = build_trainer(
             cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss,
-            sync, all_train,
+            sync, all_train, memory.eval_batch_size,
         )  # fmt: skip
         if resume_dir is not None:
             same = trainer.restore()

@@ -18,6 +18,9 @@ from gnnscale.storage.graph_dir import GraphDir, load_shard_file
 from gnnscale.utils.mmap_advice import advise_tensor
 
 CACHE_FILL_ROWS = 1 << 16  # rows copied into the cache per step while it is filled
+# Rows reach `out` through a temporary (index_select, then index_copy_); chunking bounds it at this
+# size instead of a whole batch's rows (hundreds of MB for a large evaluation batch).
+COPY_CHUNK_BYTES = 16 << 20
 
 
 def hottest_nodes(indptr: np.ndarray, k: int) -> torch.Tensor:
@@ -159,8 +162,7 @@ class FeatureStore:
             slot = self._slot[ids]
             hit = slot >= 0
             cached = hit.nonzero().squeeze(1)
-            # index_select + index_copy_: several times faster than advanced indexing on CPU.
-            out.index_copy_(0, cached, torch.index_select(self._hot, 0, slot[cached].to(torch.int64)))
+            self._copy_rows(self._hot, slot[cached].to(torch.int64), out, cached)
             at = (~hit).nonzero().squeeze(1)
             ids = ids[at]
             self.hits += len(cached)  # one writer: the thread gathering (GIL-atomic enough for counts)
@@ -173,9 +175,21 @@ class FeatureStore:
             if c == 0:
                 continue
             rows = order[pos : pos + c]
-            part = torch.index_select(self._feats[i], 0, ids[rows] - self._starts[i])
-            stored.index_copy_(0, rows if at is None else at[rows], part)
+            self._copy_rows(
+                self._feats[i], ids[rows] - self._starts[i], stored, rows if at is None else at[rows]
+            )
             pos += c
         return out
+
+    @staticmethod
+    def _copy_rows(
+        src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor
+    ) -> None:
+        """dst[dst_rows] = src[src_rows], COPY_CHUNK_BYTES of rows at a time."""
+        step = max(1, COPY_CHUNK_BYTES // max(src.shape[1] * src.element_size(), 1))
+        for lo in range(0, len(src_rows), step):
+            # index_select + index_copy_: several times faster than advanced indexing on CPU.
+            part = torch.index_select(src, 0, src_rows[lo : lo + step])
+            dst.index_copy_(0, dst_rows[lo : lo + step], part)
 
     __getitem__ = gather

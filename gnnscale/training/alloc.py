@@ -4,6 +4,11 @@ glibc serves allocations above M_MMAP_THRESHOLD with fresh mmaps and trims the h
 free, so every mini-batch's activations (tens of MB) are page-faulted in anew; on the 500k-node
 benchmark that is several ms per step. Raising both thresholds lets the next batch reuse the
 pages. Process-local, glibc-only: a no-op elsewhere.
+
+The price is a heap that only grows: evaluation batches (several times a training batch) leave free
+chunks behind in it, scattered over the allocator's per-thread arenas, and peak RSS grew by 100-300 MB
+from run to run on the 200k-node graph under a 1.2 GB limit. `release_free_heap` hands them back
+between evaluation batches.
 """
 
 from __future__ import annotations
@@ -13,6 +18,14 @@ import ctypes.util
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _done = False
+_libc = None
+
+
+def _c():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return _libc
 
 
 def keep_heap_warm(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -20,7 +33,7 @@ def keep_heap_warm(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30
     if _done:
         return True
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = _c()
         ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
             libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
         )
@@ -28,3 +41,11 @@ def keep_heap_warm(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30
         return False
     _done = ok
     return ok
+
+
+def release_free_heap() -> None:
+    """Return the heap's free pages to the kernel (glibc malloc_trim, every arena); a no-op elsewhere."""
+    try:
+        _c().malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

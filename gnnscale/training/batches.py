@@ -16,7 +16,9 @@ slots: one in compute (autograd may read it until backward ends), up to prefetch
 Inline (prefetch 0) one slot is enough: the next batch is gathered only once the consumer is done
 with the current one.
 
-Memory: the train, val and test streams never run at the same time, so they share one ring
+Memory: a batch is let go before the next one is sampled: held, its blocks (and, when the ring grows,
+its buffer) would sit beside the next batch's. The consumer lets go of its own references too
+(training/loop.py). The train, val and test streams never run at the same time, so they share one ring
 (`FeatureBuffers`); otherwise each would keep its own largest batch (evaluation batches are the
 largest) for the whole run.
 """
@@ -148,7 +150,9 @@ class BatchStream:
                     return
                 job = pending.popleft()
                 b = job.result() if self._pool is not None else job
+                job = None
                 yield b if self.device.type == "cpu" else b.to(self.device)
+                b = None  # not held while the next batch is sampled and gathered (see Memory above)
         finally:
             for job in pending:  # let in-flight gathers finish before their buffers are reused
                 if self._pool is not None:

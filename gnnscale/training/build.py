@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,7 +20,7 @@ from gnnscale.training.memory_plan import (
     MemoryPlan,
     Sizes,
     Workload,
-    plan,
+    plan_eval_batches,
     probe_batches,
     refusal,
 )
@@ -103,11 +104,14 @@ def preflight(
         tuple(max(e) for e in zip(*(s.edges for s in shapes), strict=True)),
     )
     evals = [data.splits[s] for s in ("val", "test") if len(data.splits[s])]
-    eval_shape = max(
-        (probe_batches(data.g, ids, samplers["eval"], _eval_batch_size(t), k=1) for ids in evals),
-        key=lambda shape: shape.input_rows,
-        default=train_shape,
-    )
+
+    def eval_shape(batch_size: int) -> BatchShape:
+        return max(
+            (probe_batches(data.g, ids, samplers["eval"], batch_size, k=1) for ids in evals),
+            key=lambda shape: shape.input_rows,
+            default=train_shape,
+        )
+
     model = build_model(cfg.model, data.feat_dim, data.num_classes)
     sizes = Sizes(
         num_nodes=data.graph.num_nodes,
@@ -118,12 +122,21 @@ def preflight(
         num_params=sum(p.numel() for p in model.parameters()),
         input_dropout=float(t.input_dropout) > 0,
     )
-    w = Workload.now(sizes, train_shape, eval_shape)
+    asked = _eval_batch_size(t)
+    measured = Workload.now(sizes, train_shape, eval_shape(asked))  # the process read once, for every plan
     cache_rows = int(float(t.get("cache_gb", 0.0)) * 1e9) // sizes.row_bytes
-    p, decisions = plan(w, t.feature_cache, resolve_prefetch(int(t.prefetch), device), budget, cache_rows)
+    largest = max(phase.batch_size for phase in phases)
+    p, decisions, w = plan_eval_batches(
+        lambda bs: measured if bs == asked else replace(measured, evals=eval_shape(bs)),
+        asked,
+        largest if int(t.eval_batch_size) == 0 else asked,  # auto: evaluation batches may come down to fit
+        t.feature_cache,
+        resolve_prefetch(int(t.prefetch), device),
+        budget,
+        cache_rows,
+    )
     if not p.fits:
-        largest = max(phase.batch_size for phase in phases)
-        raise MemoryBudgetError(*refusal(w, p, largest, _eval_batch_size(t)))
+        raise MemoryBudgetError(*refusal(w, p, largest, p.eval_batch_size))
     return p, decisions
 
 
@@ -141,13 +154,15 @@ def build_streams(
     samplers: dict,
     sync: Sync = SINGLE,
     all_train: torch.Tensor | None = None,
+    eval_batch_size: int = 0,
 ) -> dict:
-    """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones.
+    """train / val / test BatchStreams: training fanouts and batch size, or the evaluation ones
+    (eval_batch_size: the memory plan's; 0 = the configured one).
     "train" is a list, one stream per phase (train.phases; one without), its batch size and sampler.
     Under data parallelism `data` holds this rank's splits, all_train every training node."""
     t = cfg.train
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
-    eval_bs = _eval_batch_size(t)
+    eval_bs = eval_batch_size or _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     cut = loss_blocks_layers(cfg)
 
@@ -206,6 +221,7 @@ def build_trainer(
     peak_rss_mb: Callable[[], float | None] = lambda: None,
     sync: Sync = SINGLE,
     all_train: torch.Tensor | None = None,
+    eval_batch_size: int = 0,
 ) -> Trainer:
     t = cfg.train
     reseed(int(cfg.seed))  # the initial weights: the same for the same seed
@@ -215,7 +231,7 @@ def build_trainer(
     make_streams = build_streams
     if getattr(task, "name", "node") == "link":
         from gnnscale.training.link_streams import build_link_streams as make_streams
-    streams = make_streams(cfg, data, device, prefetch, samplers, sync, all_train)
+    streams = make_streams(cfg, data, device, prefetch, samplers, sync, all_train, eval_batch_size)
     phases = resolve_phases(cfg)
     steps = epoch_steps(phases, [len(s) for s in streams["train"]])
     scheduler = build_scheduler(optimizer, steps, t)

@@ -21,14 +21,21 @@ _VAL, _TEST = 1, 2  # seed streams of the evaluation negatives
 
 
 def build_link_streams(
-    cfg: DictConfig, data, device: torch.device, prefetch: int, samplers: dict, *_
+    cfg: DictConfig,
+    data,
+    device: torch.device,
+    prefetch: int,
+    samplers: dict,
+    _sync=None,
+    _all_train=None,
+    eval_batch_size: int = 0,
 ) -> dict:
     """Like training.build.build_streams, for edges: "train" one stream per phase, "val" and "test" the
     held-out edges ranked against seeded negatives. Labels are not read (y stays None). The settings were
     checked up front (training/task_setup.py check_task)."""
     t, task = cfg.train, cfg.task
     split = data.edges
-    eval_bs = int(t.eval_batch_size) or 4 * int(t.batch_size)
+    eval_bs = eval_batch_size or int(t.eval_batch_size) or 4 * int(t.batch_size)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     degree = np.diff(np.asarray(split.indptr)) if task.negative_sampler == "degree" else None
     negatives = NegativeSampler(str(task.negative_sampler), data.graph.num_nodes, degree)

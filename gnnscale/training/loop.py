@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from gnnscale.training.alloc import release_free_heap
 from gnnscale.training.sync import SINGLE, Sync
 
 TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")
@@ -100,6 +101,7 @@ def train_epoch(
         if on_batch is not None:
             gn = float(norm) if grad_norm and norm is not None else None
             on_batch(BatchEnd(steps, batch_loss, n, times, b.y, b.input_nodes, gn))
+        del b, x, out, loss  # let go before the next batch is sampled (training/batches.py, Memory)
         t_prev = time.perf_counter()
     wall = time.perf_counter() - t_start
     if sync.world > 1:
@@ -135,10 +137,13 @@ def evaluate(model, stream, task, precision, sync: Sync = SINGLE) -> dict:
     t0 = time.perf_counter()
     model.eval()
     collected = []
+    release_free_heap()  # what training left free in the heap, before the larger evaluation batches
     for b in stream:
         with precision.autocast():
             out = model(b.layers(model.num_layers), b.x)
         collected.append(task.collect(out, b))
+        del b, out  # let go before the next batch is sampled (training/batches.py, Memory)
+        release_free_heap()  # alloc.py: an evaluation batch's free chunks would otherwise stay in the heap
     collected = sync.gather(collected)
     scores = task.score(collected)
     return {**scores, "time_s": time.perf_counter() - t0 if collected else 0.0}

@@ -4,7 +4,8 @@ The estimate starts from what the process holds now (interpreter, torch, DGL, la
 measured, not guessed) and adds what training will allocate, from the sizes of a few sampled
 batches: the feature matrix when it is held in RAM, the gather buffers (one per prefetched batch),
 one training step's blocks, activations and gradients (or one evaluation batch's, whichever is
-larger), and the optimizer's state. Memory-mapped files (the CSC, features read from the shards)
+larger), the optimizer's state and the trainer's own overhead (a measured constant). Evaluation batches
+at train.eval_batch_size=0 halve until the plan fits (plan_eval_batches). Memory-mapped files (the CSC, features read from the shards)
 show up in RSS too, but the kernel can reclaim them: they are counted in `rss`; what must fit counts
 the CSC, which sampling reads all over, and, for memory-mapped features, the pages one training batch
 reads (below that the kernel evicts pages the next batch needs, and every batch goes back to disk).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -29,6 +31,11 @@ from gnnscale.utils.memlimit import Budget, gb
 from gnnscale.utils.memory import rss_anon_mb, rss_mb
 
 BYTES = 4  # float32 activations, gathered rows and parameters
+# Extra memory of a running trainer the parts below do not list: the autograd engine and its thread
+# pools, the optimizer's and scheduler's bookkeeping, the health diagnostics, checkpoint writes. Measured
+# as peak RssAnon of `gnnscale train` minus its plan on a 600-node graph, where nothing else is large
+# (2 cores; 48 MB with sage_2hop and with full_gcn).
+TRAINER_OVERHEAD = 48 << 20
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ class MemoryPlan:
     budget: Budget
     cache_rows: int = 0  # rows of the hot-feature cache (0 = none)
     feature_bytes: int = 0  # the whole feature matrix
+    eval_batch_size: int = 0  # seeds per evaluation batch, when the plan settled it (0 = not settled here)
 
     @property
     def fits(self) -> bool:
@@ -158,6 +166,7 @@ class MemoryPlan:
             "feature_cache": self.feature_cache,
             "prefetch": self.prefetch,
             "cache_rows": self.cache_rows,
+            **({"eval_batch_size": self.eval_batch_size} if self.eval_batch_size else {}),
             "mapped_files_fit": self.mapped_files_fit,
             "must_fit_mb": round(self.must_fit / 2**20, 1),
             "rss_estimate_mb": round(self.rss / 2**20, 1),
@@ -175,6 +184,8 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
         d_in, d_out = s.dims[i], s.dims[i + 1]
         # Aggregated neighbours (d_in), self and neighbour projections, the output (+ dropout mask).
         acts += dst * (d_in + 3 * d_out) * BYTES
+        if d_in > d_out:  # dgl.nn's SAGEConv (mean, gcn) and GraphConv project every source row first
+            acts += (shape.input_rows if i == 0 else shape.dst_rows[i - 1]) * d_out * BYTES
     if not train:
         return blocks + acts
     extra = shape.input_rows * s.feat_dim * BYTES if s.input_dropout else 0
@@ -200,6 +211,7 @@ def estimate(
         + (rows * s.feat_dim * BYTES if cast else 0),
         "batch working set": max(_step_bytes(s, w.train, True), _step_bytes(s, w.evals, False)),
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
+        "trainer overhead (measured constant)": TRAINER_OVERHEAD,
         **({CACHE_PART: FeatureStore.cache_cost(s.num_nodes, s.row_bytes, cache_rows)} if cache_rows else {}),
         "graph structure (mmap)": s.csc_bytes,
         # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
@@ -243,6 +255,34 @@ def plan(
                     p = _with_cache(w, p, cache_rows, decisions)
                 return p, decisions
     return estimate(w, caches[-1], 0, budget), decisions
+
+
+def plan_eval_batches(
+    workload_at: Callable[[int], Workload],
+    asked: int,
+    floor: int,
+    feature_cache: str,
+    prefetch: int,
+    budget: Budget,
+    cache_rows: int = 0,
+) -> tuple[MemoryPlan, list[str], Workload]:
+    """plan() with evaluation batches of `asked` seeds; while that does not fit, with the evaluation batches
+    (the largest) halved, down to `floor` seeds (train.eval_batch_size=0: the training batch size; set by
+    the user: `asked`, they stay). workload_at(seeds) gives the workload at that evaluation batch size.
+    Returns the plan (its eval_batch_size the size chosen), its decisions and the workload planned."""
+    size, w = asked, workload_at(asked)
+    p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows)
+    while not p.fits and size // 2 >= floor:
+        size //= 2
+        w = workload_at(size)
+        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows)
+    if p.fits and size != asked:
+        decisions.insert(
+            0,
+            f"evaluation batches {asked:,} -> {size:,} seeds (train.eval_batch_size=0, auto): "
+            "larger ones would not fit the memory budget",
+        )
+    return replace(p, eval_batch_size=size), decisions, w
 
 
 def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -> tuple[str, str]:
