@@ -4,11 +4,12 @@ The estimate starts from what the process holds now (interpreter, torch, DGL, la
 measured, not guessed) and adds what training will allocate, from the sizes of a few sampled
 batches: the feature matrix when it is held in RAM, the gather buffers (one per prefetched batch),
 one training step's blocks, activations and gradients (or one evaluation batch's, whichever is
-larger), the optimizer's state and the trainer's own overhead (a measured constant). Evaluation batches
-at train.eval_batch_size=0 halve until the plan fits (plan_eval_batches). Memory-mapped files (the CSC, features read from the shards)
-show up in RSS too, but the kernel can reclaim them: they are counted in `rss`; what must fit counts
-the CSC, which sampling reads all over, and, for memory-mapped features, the pages one training batch
-reads (below that the kernel evicts pages the next batch needs, and every batch goes back to disk).
+larger), the optimizer's state and the trainer's own overhead (a measured constant). Evaluation
+batches at train.eval_batch_size=0 halve until the plan fits (plan_eval_batches). Memory-mapped files
+(the CSC, features read from the shards) show up in RSS too, but the kernel can reclaim them: they
+are counted in `rss`; what must fit counts the CSC, which sampling reads all over, and, for
+memory-mapped features, the pages one training batch reads (below that the kernel evicts pages the
+next batch needs, and every batch goes back to disk).
 
 A hot-feature cache (train.cache_gb, memory-mapped features only) is anonymous memory: its rows and a
 4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
@@ -33,7 +34,7 @@ from gnnscale.utils.memory import rss_anon_mb, rss_mb
 BYTES = 4  # float32 activations, gathered rows and parameters
 # Extra memory of a running trainer the parts below do not list: the autograd engine and its thread
 # pools, the optimizer's and scheduler's bookkeeping, the health diagnostics, checkpoint writes. Measured
-# as peak RssAnon of `gnnscale train` minus its plan on a 600-node graph, where nothing else is large
+# as peak RssAnon of `gnnscale train` minus the other parts on a 600-node graph, where nothing else is large
 # (2 cores; 48 MB with sage_2hop and with full_gcn).
 TRAINER_OVERHEAD = 48 << 20
 
