@@ -192,13 +192,21 @@ def test_more_parts_than_nodes_is_exit_2(graph_dir, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_negative_parts_refused_zero_is_the_default(graph_dir, tmp_path):
-    assert "negative" in one_error_line(invoke(graph_dir, tmp_path, "partition.num_parts=-1"))
-    result = invoke(graph_dir, tmp_path, "partition.num_parts=0")
+@pytest.mark.parametrize("k", ["0", "-1"])
+def test_zero_or_negative_parts_is_exit_2(graph_dir, tmp_path, k):
+    line = one_error_line(invoke(graph_dir, tmp_path, f"partition.num_parts={k}"))
+    assert f"partition.num_parts={k} is not a count of parts" in line
+    assert "leave partition.num_parts out for about one per 1,000 nodes (2 here)" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_num_parts_left_out_is_one_per_1000_nodes(graph_dir, tmp_path):
+    result = invoke(graph_dir, tmp_path)
     assert result.exit_code == 0, result.output
     assert read_assignment(GraphDir(graph_dir), "metis", default_num_parts(2000)) is not None
+    assert resolve_num_parts(None, 10) == 1
     with pytest.raises(ConfigError):
-        resolve_num_parts(-3, 10)
+        resolve_num_parts(0, 10)
 
 
 def test_unknown_method_is_exit_2(graph_dir, tmp_path):

@@ -480,7 +480,7 @@ class TrainStageConfig(StageBase):
 @dataclass
 class PartitionOptions:
     method: str = "metis"  # metis (fewest cut edges) | random (no memory beyond the assignment)
-    num_parts: int = 0  # 0 = about one part per 1,000 nodes (Cluster-GCN's clusters)
+    num_parts: Optional[int] = None  # unset = about one part per 1,000 nodes (Cluster-GCN's clusters)
     balance_train: bool = True  # METIS balances training nodes per part too (as DistDGL does)
     # auto = 90% of the memory limit (cgroup or MemAvailable), or a size (6GB): METIS must fit in it
     memory_budget: str = "auto"

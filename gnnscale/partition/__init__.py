@@ -43,19 +43,21 @@ def check_method(method: str, key: str = "partition.method", methods: tuple = ME
     return method
 
 
-def resolve_num_parts(num_parts: int, num_nodes: int, key: str = "partition.num_parts") -> int:
-    """0 = default_num_parts(num_nodes); a negative count or more parts than nodes is a ConfigError."""
+def resolve_num_parts(num_parts: int | None, num_nodes: int, key: str = "partition.num_parts") -> int:
+    """None = default_num_parts(num_nodes); fewer than 1 part or more parts than nodes is a ConfigError."""
+    default = default_num_parts(num_nodes)
+    if num_parts is None:
+        return default
     k = int(num_parts)
-    if k < 0:
+    if k < 1:
         raise ConfigError(
-            f"{key}={k} is negative", f"give a count of parts, or {key}=0 for about one per 1,000 nodes"
+            f"{key}={k} is not a count of parts",
+            f"give 1 or more, or leave {key} out for about one per 1,000 nodes ({default:,} here)",
         )
-    if k == 0:
-        return default_num_parts(num_nodes)
     if k > num_nodes:
         raise ConfigError(
             f"{key}={k} is more parts than the graph's {num_nodes:,} nodes",
-            f"use at most {num_nodes:,}, or {key}=0 for {default_num_parts(num_nodes):,}",
+            f"use at most {num_nodes:,}, or leave {key} out for {default:,}",
         )
     return k
 
@@ -126,7 +128,7 @@ def ensure_partition(
     budget: str = "auto",
     balance_train: bool | None = None,
 ) -> np.ndarray:
-    """An up-to-date assignment of `graph` (num_parts 0 = default), made and written when absent or stale.
+    """An up-to-date assignment of `graph` (num_parts None = default), made and written when absent or stale.
     balance_train None: any up-to-date one will do, and a new METIS one balances training nodes."""
     check_method(method)
     num_parts = resolve_num_parts(num_parts, graph.num_nodes)

@@ -40,11 +40,11 @@ def graph_name(graph) -> str:
     return "gs_" + (re.sub(r"\W", "_", str(graph.meta.get("name", "graph"))) or "graph")[:40]
 
 
-def check_num_parts(num_parts: int, num_nodes: int, key: str = "partition.num_parts") -> int:
-    k = int(num_parts)
+def check_num_parts(num_parts: int | None, num_nodes: int, key: str = "partition.num_parts") -> int:
+    k = 0 if num_parts is None else int(num_parts)
     if k < 1:
         raise ConfigError(
-            f"{key}={k}: a DistDGL partition needs a count of parts (one per machine)",
+            f"{key}={num_parts}: a DistDGL partition needs a count of parts (one per machine)",
             f"pass {key}=1 for one machine, or the number of lines of your ip_config",
         )
     if k > num_nodes:
