@@ -1,21 +1,20 @@
 """Out-of-core training benchmark: `gnnscale train` on a graph larger than its memory limit.
 
-Graph: bench_storage.py's 5M nodes, average degree 40 (~200M directed edges), 128 float32 features —
-features 2.56 GB + CSC 1.63 GB, about 4.2 GB the training reads through memory maps. It is built
-once into --graph-dir (reused when present; bench/tmp/storage/graph of `bench_storage.py --keep` too).
+Graph (--preset): `5m` is bench_storage.py's 5M nodes, average degree 40 (~199M directed edges), 128
+float32 features (features 2.56 GB + CSC 0.82 GB with int32 neighbour ids) in a 3 GB cgroup; `1m` is 1M
+nodes / ~20M edges / 256 features (1 GB of features) in a 0.9 GB cgroup; `2m` is 2M nodes / ~79M edges /
+128 features in 1.5 GB. Each is built once into bench/tmp/outofcore/graph[_<preset>] (reused when present).
 
-Every run trains `+exp=sage_2hop sampler.fanouts=[15,10]` (batch 1024) through the real train stage
-for --batches training batches (BatchStream.limit on the train stream: the config has no cap on
-batches per epoch; validation and test are cut to --eval-batches batches the same way), each in a
-fresh child process, with the page cache dropped first:
+Every run trains `+exp=sage_2hop sampler.fanouts=[15,10]` (batch 1024, train.diagnostics=false) through the
+real train stage with the memory settings at their defaults (train.memory_budget=auto,
+train.feature_cache=auto), each in a fresh child process with the page cache dropped first:
 
-  uncapped            no memory limit, no hot-feature cache
-  capped_auto         inside a --cap-gb memory cgroup with train.memory_budget=auto: the memory plan
-                      counts the whole memory-mapped CSC and one batch's feature pages as must-fit, and
-                      refuses (exit 2 at the CLI; its line is recorded)
-  capped              inside the cap, train.memory_budget=--budget (above the cap on purpose: the run
-                      then has less page cache than the graph needs, which is what is measured), no cache
-  capped_cache        the same with train.cache_gb=--cache-gb (a list adds capped_cache_<size> runs)
+  uncapped   no memory limit: the features fit in RAM, so auto holds them there
+  capped     inside a --cap-gb memory cgroup: auto reads them from disk a superbatch ahead
+
+for --batches training batches (BatchStream.limit on the train stream; 0 = the whole epoch, then the
+test split is scored too), --rounds times in alternating order (uncapped first in odd rounds). Every
+training batch's loss is recorded, and the capped run's must equal the uncapped one's.
 
 The cgroup (v1 memory.limit_in_bytes, or v2 memory.max) is made by this script under its own cgroup
 and removed after; without a writable one the capped runs are skipped with the reason in the JSON.
@@ -23,14 +22,14 @@ The page cache is dropped with /proc/sys/vm/drop_caches where writable, else the
 evicted with posix_fadvise(DONTNEED); the JSON says which.
 
 Per run, over the training batches (first batch start to last batch end): seeds/s, bytes read from disk
-(/proc/self/io read_bytes), major page faults (/proc/self/stat majflt), the time split; over the whole
-child: peak anonymous memory (RssAnon, sampled every 50 ms), and the cgroup's own peak; plus the cache
-size and its hit rate (metrics.jsonl / summary.json).
+(/proc/self/io read_bytes, which counts O_DIRECT reads too) against the bytes of the rows each batch
+gathers, major page faults, the time split; over the whole child: peak anonymous memory (RssAnon,
+sampled every 50 ms) against the plan's budget, the cgroup's own peak; summary.json's feature_reads
+(superbatches, rows read / carried over, read amplification). The disk probe's numbers
+(storage/disk_probe.py, cached in the graph_dir) are recorded beside the runs.
 
-    .venv/bin/python scripts/bench_outofcore.py     # writes bench/results/outofcore.json (~20 min on 2 cores)
-
---reorder degree|rcm shards (once) a copy with that node order into bench/tmp/outofcore/graph_<order>
-(~10 min more) and writes bench/results/outofcore_reorder.json instead, setup.node_order saying which.
+    .venv/bin/python scripts/bench_outofcore.py                  # bench/results/outofcore.json
+    .venv/bin/python scripts/bench_outofcore.py --preset 1m --batches 0 --rounds 1
 """
 
 from __future__ import annotations
@@ -51,15 +50,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench_train import build_graph, child_memory  # noqa: E402  (bench_storage.py's graph, the same meters)
 
-GRAPH = {
-    "num_nodes": 5_000_000,
-    "avg_degree": 40.0,
-    "feat_dim": 128,
-    "num_classes": 16,
-    "nodes_per_shard": 100_000,
+PRESETS = {
+    "5m": {"num_nodes": 5_000_000, "avg_degree": 40.0, "feat_dim": 128, "cap_gb": 3.0},
+    "1m": {"num_nodes": 1_000_000, "avg_degree": 20.0, "feat_dim": 256, "cap_gb": 0.9},
+    "2m": {"num_nodes": 2_000_000, "avg_degree": 40.0, "feat_dim": 128, "cap_gb": 1.5},
 }
+GRAPH = {"num_classes": 16, "nodes_per_shard": 100_000, **PRESETS["5m"]}
 TRAIN = ["+exp=sage_2hop", "sampler.fanouts=[15,10]", "train.batch_size=1024", "train.epochs=1",
-         "train.diagnostics=false", "train.feature_cache=mmap"]  # fmt: skip
+         "train.diagnostics=false"]  # fmt: skip
 
 
 # ---------------------------------------------------------------- the graph
@@ -207,25 +205,29 @@ def child(spec: dict) -> None:
 
     def capped_streams(*a, **k):
         streams = make_streams(*a, **k)
-        for s in streams["train"]:
-            s.limit(spec["batches"])
-        for split in ("val", "test"):
-            streams[split].limit(spec["eval_batches"])
+        if spec["batches"]:
+            for s in streams["train"]:
+                s.limit(spec["batches"])
+            for split in ("val", "test"):
+                streams[split].limit(spec["eval_batches"])
         return streams
 
     class Window(Callback):
-        """The training batches: first batch start to last batch end, with disk reads and faults."""
+        """The training batches: first batch start to last batch end, with disk reads, faults, losses."""
 
         def __init__(self):
             self.t0 = self.t1 = 0.0
-            self.seeds = self.batches = 0
+            self.seeds = self.batches = self.rows = 0
             self.io0 = self.io1 = (0, 0)
+            self.losses: list[float] = []
 
         def on_epoch_start(self, epoch: int, num_batches: int) -> None:
             self.t0, self.io0 = time.perf_counter(), _proc_io()
 
         def on_batch_end(self, epoch, end) -> None:
             self.seeds, self.batches = self.seeds + end.seeds, self.batches + 1
+            self.rows += len(end.input_nodes)
+            self.losses.append(end.loss)
             self.t1, self.io1 = time.perf_counter(), _proc_io()
 
     window = Window()
@@ -247,22 +249,29 @@ def child(spec: dict) -> None:
     record = json.loads((Path(spec["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
     span = max(window.t1 - window.t0, 1e-9)
     read_b, faults = window.io1[0] - window.io0[0], window.io1[1] - window.io0[1]
-    cache = summary.get("hot_feature_cache")
+    row_bytes = spec["row_bytes"]
+    n = max(window.batches, 1)
+    plan = summary["memory_plan"]
     out = {
         "batches": window.batches,
         "seeds": window.seeds,
         "train_time_s": round(span, 2),
         "seeds_per_s": round(window.seeds / span, 1),
         "disk_read_gb": round(read_b / 1e9, 3),
-        "disk_read_mb_per_batch": round(read_b / 1e6 / max(window.batches, 1), 1),
+        "disk_read_mb_per_batch": round(read_b / 1e6 / n, 1),
+        # what each batch gathers (its unique input rows) against what the process read from disk for it
+        "rows_needed_mb_per_batch": round(window.rows * row_bytes / 1e6 / n, 1),
+        "read_vs_needed": round(read_b / max(window.rows * row_bytes, 1), 3),
         "major_faults": faults,
-        "major_faults_per_batch": round(faults / max(window.batches, 1), 1),
+        "major_faults_per_batch": round(faults / n, 1),
         "time_split_s": {k: record.get(k) for k in ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")},
         "input_nodes_per_batch": record.get("input_nodes_per_batch"),
-        "cache_hit_rate": record.get("cache_hit_rate"),
-        "cache": cache,
+        "feature_reads": summary.get("feature_reads"),
+        "test_acc": summary.get("test_acc"),
         **child_memory(mem.peak_rss_mb, mem.peak_anon_mb),
-        "memory_plan": summary["memory_plan"],
+        "peak_anon_within_budget": (mem.peak_anon_mb or 0) <= plan["budget_mb"],
+        "memory_plan": plan,
+        "losses": window.losses,
         "whole_run": {
             "wall_time_s": round(wall, 1),
             "disk_read_gb": round((io_end[0] - io_start[0]) / 1e9, 3),
@@ -273,15 +282,17 @@ def child(spec: dict) -> None:
 
 
 # ---------------------------------------------------------------- a run (parent side)
-def run(name: str, graph_dir: Path, scratch: Path, args, extra: list, cgroup: MemoryCgroup | None) -> dict:
+def run(name: str, graph_dir: Path, scratch: Path, args, cgroup: MemoryCgroup | None) -> dict:
     dropped = drop_page_cache(graph_dir)
+    meta = json.loads((graph_dir / "meta.json").read_text())
     spec = {
         "graph_dir": str(graph_dir),
         "run_dir": str(scratch / f"run_{name}"),
         "out": str(scratch / f"{name}.json"),
         "batches": args.batches,
         "eval_batches": args.eval_batches,
-        "overrides": [*TRAIN, f"train.eval_batch_size={args.eval_batch_size}", *extra],
+        "row_bytes": int(meta["feat_dim"]) * 4,
+        "overrides": [*TRAIN, *args.extra],
     }
     Path(spec["out"]).unlink(missing_ok=True)
     shutil.rmtree(spec["run_dir"], ignore_errors=True)
@@ -303,113 +314,121 @@ def run(name: str, graph_dir: Path, scratch: Path, args, extra: list, cgroup: Me
         row["error"] = (proc.stderr or proc.stdout)[-1500:]
         return row
     row.update(json.loads(Path(spec["out"]).read_text()))
-    said = [" ".join(x.split()) for x in proc.stdout.splitlines() if "cache" in x or x.startswith("memory:")]
-    row["said"] = said[:6]
+    keep = ("features", "graph structure", "memory:", "evaluation batches", "hot-feature")
+    row["said"] = [" ".join(x.split()) for x in proc.stdout.splitlines() if x.strip().startswith(keep)][:6]
     return row
+
+
+def _median(xs: list) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def summarise(rounds: list[dict]) -> dict:
+    """Per-round ratios, the median, and whether every capped batch's loss equals the uncapped one's."""
+    ratios, equal = [], []
+    for r in rounds:
+        u, c = r.get("uncapped", {}), r.get("capped", {})
+        if u.get("seeds_per_s") and c.get("seeds_per_s"):
+            ratios.append(round(c["seeds_per_s"] / u["seeds_per_s"], 3))
+        if u.get("losses") and c.get("losses"):
+            equal.append(u["losses"] == c["losses"])
+    capped = [r["capped"] for r in rounds if r.get("capped", {}).get("seeds_per_s")]
+    return {
+        "capped_vs_uncapped_per_round": ratios,
+        "capped_vs_uncapped_median": _median(ratios),
+        "losses_equal_every_round": bool(equal) and all(equal),
+        "capped_peak_anon_within_budget": bool(capped) and all(c["peak_anon_within_budget"] for c in capped),
+        "capped_read_amplification_median": _median([(c.get("feature_reads") or {}).get("read_amplification") for c in capped]),
+        "capped_read_vs_needed_median": _median([c.get("read_vs_needed") for c in capped]),
+        "capped_rows_carried_over_median": _median([(c.get("feature_reads") or {}).get("copied_fraction") for c in capped]),
+    }  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--graph-dir", help="default bench/tmp/outofcore/graph (graph_<order> with --reorder)")
+    ap.add_argument("--preset", default="5m", choices=sorted(PRESETS), help="the graph and its cap")
     ap.add_argument(
-        "--reorder", default="none", choices=["none", "degree", "rcm"], help="shard.reorder of the graph"
+        "--graph-dir", help="default bench/tmp/outofcore/graph (graph_<preset> for other presets)"
     )
-    ap.add_argument("--num-nodes", type=int, default=GRAPH["num_nodes"], help="when building: a quick look")
-    ap.add_argument("--batches", type=int, default=80)
+    ap.add_argument("--reorder", default="none", choices=["none", "degree", "rcm"], help="shard.reorder")
+    ap.add_argument("--num-nodes", type=int, help="when building: a quick look at a smaller graph")
+    ap.add_argument("--batches", type=int, default=80, help="training batches per run (0 = the whole epoch)")
     ap.add_argument("--eval-batches", type=int, default=1)
-    ap.add_argument("--eval-batch-size", type=int, default=1024)
-    ap.add_argument("--cap-gb", type=float, default=3.0)
-    ap.add_argument("--cache-gb", default="1.0,0.5", help="comma-separated: one capped run per cache size")
-    ap.add_argument(
-        "--budget",
-        default="4GB",
-        help="train.memory_budget of the capped runs (at auto, 90%% of the cap, the plan refuses: see run capped_auto)",
-    )
-    ap.add_argument("--run-timeout", type=int, default=900)
-    ap.add_argument("--only", help="comma-separated runs: uncapped,capped,capped_cache")
-    ap.add_argument(
-        "--out", help="default bench/results/outofcore.json (outofcore_reorder.json with --reorder)"
-    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cap-gb", type=float, help="the cgroup's limit (default: the preset's)")
+    ap.add_argument("--extra", nargs="*", default=[], help="more train overrides for both runs")
+    ap.add_argument("--run-timeout", type=int, default=1800)
+    ap.add_argument("--only", help="comma-separated runs: uncapped,capped")
+    ap.add_argument("--out", help="default bench/results/outofcore[_<preset>].json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
+    from gnnscale.storage.disk_probe import probe_disk
     from gnnscale.storage.verify import verify_graph_dir
     from gnnscale.utils.atomic import write_json
 
-    GRAPH["num_nodes"] = args.num_nodes
-    suffix = "" if args.reorder == "none" else f"_{args.reorder}"
-    args.graph_dir = args.graph_dir or str(ROOT / "bench" / "tmp" / "outofcore" / f"graph{suffix}")
-    results = ROOT / "bench" / "results"
-    args.out = args.out or str(
-        results / ("outofcore.json" if args.reorder == "none" else "outofcore_reorder.json")
+    GRAPH.update(PRESETS[args.preset])
+    if args.num_nodes:
+        GRAPH["num_nodes"] = args.num_nodes
+    cap_gb = args.cap_gb or GRAPH["cap_gb"]
+    suffix = ("" if args.preset == "5m" else f"_{args.preset}") + (
+        "" if args.reorder == "none" else f"_{args.reorder}"
     )
+    args.graph_dir = args.graph_dir or str(ROOT / "bench" / "tmp" / "outofcore" / f"graph{suffix}")
+    args.out = args.out or str(ROOT / "bench" / "results" / f"outofcore{suffix}.json")
     graph_dir = find_graph(Path(args.graph_dir), args.reorder)
     verify_graph_dir(graph_dir, "stamp")  # the stamps once here, so no run pays for the first hash
+    disk = probe_disk(graph_dir)
     scratch = Path(args.graph_dir).parent / f"runs_outofcore{suffix}"
     scratch.mkdir(parents=True, exist_ok=True)
-    cap = int(args.cap_gb * 1e9)
-    budget = [f"train.memory_budget={args.budget}"]
-    caches = [float(x) for x in args.cache_gb.split(",")]
-    plan = {
-        "uncapped": ([], False),
-        "capped_auto": ([], True),  # train.memory_budget=auto under the cap: what the plan says
-        "capped": (budget, True),
-        **{
-            f"capped_cache{'' if i == 0 else f'_{gb:g}'}": ([*budget, f"train.cache_gb={gb}"], True)
-            for i, gb in enumerate(caches)
-        },
-    }
-    wanted = args.only.split(",") if args.only else list(plan)
-    runs: dict = {}
-    cgroup = MemoryCgroup(cap)
+    wanted = args.only.split(",") if args.only else ["uncapped", "capped"]
+    rounds: list[dict] = []
+    cgroup = MemoryCgroup(int(cap_gb * 1e9))
     try:
-        for name in wanted:
-            extra, capped = plan[name]
-            if capped and cgroup.path is None:
-                runs[name] = {"skipped": cgroup.why_not}
-                continue
-            runs[name] = run(name, graph_dir, scratch, args, extra, cgroup if capped else None)
-            r = runs[name]
-            print(f"{name}: " + json.dumps({k: r.get(k) for k in ("exit_code", "seeds_per_s", "disk_read_gb", "major_faults", "peak_anon_mb", "cache_hit_rate", "cgroup_peak_gb")}), flush=True)  # fmt: skip
+        for i in range(args.rounds):
+            order = wanted if i % 2 == 0 else wanted[::-1]
+            runs: dict = {}
+            for name in order:
+                capped = name == "capped"
+                if capped and cgroup.path is None:
+                    runs[name] = {"skipped": cgroup.why_not}
+                    continue
+                runs[name] = run(name, graph_dir, scratch, args, cgroup if capped else None)
+                r = runs[name]
+                print(f"round {i + 1} {name}: " + json.dumps({k: r.get(k) for k in ("exit_code", "refused", "seeds_per_s", "disk_read_mb_per_batch", "rows_needed_mb_per_batch", "peak_anon_mb", "cgroup_peak_gb", "test_acc")}), flush=True)  # fmt: skip
+            rounds.append({"order": order, **runs})
     finally:
         if cgroup.path is not None:
             cgroup.remove()
-    base = runs.get("uncapped", {}).get("seeds_per_s")
-    for r in runs.values():
-        if base and r.get("seeds_per_s"):
-            r["seeds_per_s_vs_uncapped"] = round(r["seeds_per_s"] / base, 3)
-    best = runs.get("capped_cache", {})
+    summary = summarise(rounds)
     result = {
         "graph": describe_graph(graph_dir),
         "setup": {
-            "train": TRAIN,
-            "batches": args.batches,
-            "eval_batches": args.eval_batches,
-            "eval_batch_size": args.eval_batch_size,
-            "cap_gb": args.cap_gb,
-            "cache_gb": args.cache_gb,
+            "preset": args.preset,
+            "train": TRAIN + list(args.extra),
+            "memory_settings": "defaults: train.memory_budget=auto, train.feature_cache=auto",
+            "batches": args.batches or "the whole epoch",
+            "eval_batches": args.eval_batches if args.batches else "all",
+            "rounds": args.rounds,
+            "cap_gb": cap_gb,
             "cgroup": cgroup.kind or cgroup.why_not,
             "drop_caches_writable": os.access("/proc/sys/vm/drop_caches", os.W_OK),
             "node_order": f"shard.reorder={node_order_of(graph_dir)}",
-            "batch_cap": "BatchStream.limit on the train / val / test streams (no config key caps batches)",
-        },  # fmt: skip
+        },
         "machine": {
             "cpus": len(os.sched_getaffinity(0)),
             "platform": platform.platform(),
             "python": platform.python_version(),
-        },  # fmt: skip
-        "runs": runs,
-        "targets": {
-            "capped_cache_completes": best.get("exit_code") == 0,
-            "capped_cache_peak_anon_under_2_5_gb": (best.get("peak_anon_mb") or 1e9) < 2.5e9 / 2**20,
-            "capped_cache_at_least_half_uncapped_seeds_per_s": (best.get("seeds_per_s_vs_uncapped") or 0)
-            >= 0.5,
-        },  # fmt: skip
+        },
+        "disk_probe": disk,
+        "summary": summary,
+        "rounds": rounds,
     }
     write_json(args.out, result)
-    print(json.dumps(result["targets"]))
+    print(json.dumps(summary))
     print(f"wrote {args.out}")
 
 

@@ -49,7 +49,7 @@ def measure(graph_dir: Path, seeds_user: list[np.ndarray], row_bytes: int, seed:
         pages = np.unique(nodes * row_bytes // PAGE)
         feat_pages.append(len(pages))
         seen.update(pages.tolist())
-        csc_pages.append(len(np.unique(np.concatenate([pos1, pos2]) * 8 // PAGE)))
+        csc_pages.append(len(np.unique(np.concatenate([pos1, pos2]) * indices.itemsize // PAGE)))
         inputs.append(len(nodes))
     return {
         "graph_dir": str(graph_dir),

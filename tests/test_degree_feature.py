@@ -4,13 +4,13 @@ embeddings are its last layer's output (what the pair decoder scored), decoder=m
 
 from __future__ import annotations
 
-import dgl
 import numpy as np
 import pytest
 import torch
 
 from gnnscale.config import compose_config
 from gnnscale.models.checkpoint import load_model
+from gnnscale.sampling.graph import csc_to_dgl
 from gnnscale.stages import infer, train
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.feature_store import FeatureStore
@@ -76,9 +76,8 @@ def test_link_embeddings_are_the_last_layer_over_features_with_the_full_graph_de
     assert ck.degree_feature and ck.decoder == decoder and ck.in_dim == 9
     g = GraphDir(tiny_graph)
     indptr, indices = open_csc(g)
-    full = dgl.graph(
-        ("csc", (torch.from_numpy(np.asarray(indptr)), torch.from_numpy(np.asarray(indices)), []))
-    )
+    # int32 indices with an int64 indptr: DGL wants one idtype, which csc_to_dgl gives it
+    full = csc_to_dgl(indptr, indices, g.num_nodes).formats(["csc", "csr", "coo"])
     x = expected_rows(g, indptr, torch.arange(g.num_nodes))
     with torch.no_grad():
         want = ck.model([full] * ck.num_layers, x).numpy()  # every layer over every in-edge

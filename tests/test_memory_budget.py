@@ -133,9 +133,12 @@ def test_features_stay_in_ram_only_when_they_fit():
     assert in_ram.must_fit - mapped.must_fit == 1_000_000 * 256 * 4 - hot
     p, decided = plan(W, "auto", 0, big)
     assert p.feature_cache == "memory" and decided == ["features in RAM: they fit the memory budget"]
-    p, decided = plan(W, "auto", 0, between(mapped.must_fit, in_ram.must_fit))
-    assert p.feature_cache == "mmap" and p.fits
-    assert decided == ["features memory-mapped: held in RAM they would not fit the memory budget"]
+    read = estimate(W, "read", 0, big, structure="memory")
+    p, decided = plan(W, "auto", 0, between(read.must_fit, in_ram.must_fit))
+    assert p.feature_cache == "read" and p.fits and p.structure == "memory"
+    assert decided == [
+        "features read from disk a superbatch ahead: held in RAM they would not fit the memory budget"
+    ]
 
 
 def test_prefetch_shrinks_to_fit_and_a_plan_that_cannot_fit_says_what_would():
@@ -143,14 +146,15 @@ def test_prefetch_shrinks_to_fit_and_a_plan_that_cannot_fit_says_what_would():
     inline = estimate(W, "mmap", 0, Budget(10**12, "test"))
     p, decided = plan(W, "mmap", 2, between(inline.must_fit, deep.must_fit))
     assert p.prefetch < 2 and p.fits and decided[-1].startswith("prefetch 2 -> ")
-    tight = Budget(inline.must_fit - 150_000_000, "test")
+    lean = estimate(W, "read", 0, Budget(10**12, "test"))
+    tight = Budget(lean.must_fit - 150_000_000, "test")
     p, _ = plan(W, "auto", 0, tight)
     assert not p.fits
     fix = fitting_settings(W, 1024, 4096, tight)
     m = re.fullmatch(r"(?:train.batch_size=(\d+) )?train.eval_batch_size=(\d+) \(estimate .*\)", fix)
     bs, ebs = int(m.group(1) or 1024), int(m.group(2))
     assert ebs < 4096 and bs <= 1024  # evaluation batches (the largest) come down first
-    assert estimate(W.scaled(bs / 1024, ebs / 4096), "mmap", 0, tight).fits
+    assert estimate(W.scaled(bs / 1024, ebs / 4096), "read", 0, tight).fits
 
 
 def test_auto_evaluation_batches_halve_to_fit_and_set_ones_stay():
@@ -222,14 +226,15 @@ def test_a_budget_too_small_exits_2_before_any_batch(tmp_path, tiny):
 def test_refusals_name_the_settings_that_would_fit():
     big = Budget(10**12, "test")
     in_ram = estimate(W, "memory", 0, big)
-    mapped = estimate(W, "mmap", 0, big)
-    # feature_cache=memory forced where mapped features would fit: point at auto.
-    p, _ = plan(W, "memory", 0, between(mapped.must_fit, in_ram.must_fit))
+    read = estimate(W, "read", 0, big)
+    # feature_cache=memory forced where features read from disk would fit: point at auto.
+    assert in_ram.must_fit > read.must_fit + 50_000_000
+    p, _ = plan(W, "memory", 0, Budget(read.must_fit + 10_000_000, "test"))
     what, fix = refusal(W, p, 1024, 4096)
     assert not p.fits and what.startswith("train needs about") and "features in RAM" in what
-    assert fix == f"use train.feature_cache=auto (memory-mapped features fit: {gb(mapped.must_fit)})"
+    assert fix == f"use train.feature_cache=auto (features read from disk fit: {gb(read.must_fit)})"
     # Nothing fits as configured: a batch size that does.
-    p, _ = plan(W, "auto", 0, Budget(mapped.must_fit - 150_000_000, "test"))
+    p, _ = plan(W, "auto", 0, Budget(read.must_fit - 150_000_000, "test"))
     _, fix = refusal(W, p, 1024, 4096)
     assert fix.startswith("it would fit with train.") and "train.memory_budget=SIZE" in fix
 

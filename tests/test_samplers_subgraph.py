@@ -67,7 +67,7 @@ def edge_set(graph, node_ids: torch.Tensor) -> set[tuple[int, int]]:
 
 def induced_reference(g, nodes: torch.Tensor) -> set[tuple[int, int]]:
     """DGL's own induced subgraph of `nodes`, in global ids."""
-    sub = g.formats(["csc", "csr", "coo"]).subgraph(nodes)
+    sub = g.formats(["csc", "csr", "coo"]).subgraph(nodes.to(g.idtype))  # DGL wants its idtype
     src, dst = sub.edges()
     ids = sub.ndata[dgl.NID]
     return set(zip(ids[src].tolist(), ids[dst].tolist(), strict=True))
@@ -185,7 +185,8 @@ def test_saint_batches_are_induced_with_normalisation(g, ctx, train_ids, mode, b
         sub = b.subgraph
         s, d = sub.edges(order="eid")
         gs, gdst = b.input_nodes[s], b.input_nodes[d]
-        eid = g.formats(["csc", "csr", "coo"]).edge_ids(gs, gdst)  # the CSC position of each edge
+        full = g.formats(["csc", "csr", "coo"])
+        eid = full.edge_ids(gs.to(g.idtype), gdst.to(g.idtype)).long()  # the CSC position of each edge
         alpha = edge_counts[eid] / counts[gdst]
         want_w = sub.in_degrees()[d].double() / (deg[gdst].double() * alpha)
         torch.testing.assert_close(sub.edata[EDGE_WEIGHT].double(), want_w, rtol=1e-5, atol=0)

@@ -63,7 +63,9 @@ def test_blocks_follow_dgl_conventions(g):
 def test_full_neighbourhoods_equal_dgls_sampler(g):
     seeds = torch.arange(0, g.num_nodes(), 7)
     _, _, ours = NeighborBlockSampler([-1, -1]).sample(g, seeds)
-    _, _, theirs = dgl.dataloading.NeighborSampler([-1, -1]).sample(g, seeds)
+    _, _, theirs = dgl.dataloading.NeighborSampler([-1, -1]).sample(
+        g, seeds.to(g.idtype)
+    )  # DGL's: its idtype
     for a, b in zip(ours, theirs, strict=True):
         assert global_edges(a) == global_edges(b)
         assert set(a.srcdata[dgl.NID].tolist()) == set(b.srcdata[dgl.NID].tolist())

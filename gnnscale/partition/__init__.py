@@ -18,7 +18,7 @@ from gnnscale.partition.memory import check_metis_memory
 from gnnscale.partition.metis import metis_assignment
 from gnnscale.partition.random import random_assignment
 from gnnscale.partition.report import quality
-from gnnscale.storage.csc import open_csc
+from gnnscale.storage.csc import open_csc, recorded_index_dtype
 from gnnscale.storage.partitions import (
     default_num_parts,
     is_current,
@@ -82,9 +82,10 @@ def make_partition(
     num_edges = int(graph.meta["csc"]["num_edges"])
     plan = {}
     if method == "metis":
-        simple = is_simple_symmetric(graph.meta)
+        simple, directed = is_simple_symmetric(graph.meta), bool(graph.meta.get("directed"))
+        itemsize = recorded_index_dtype(graph.meta).itemsize  # int32 is widened for METIS: counted
         plan = check_metis_memory(
-            graph.num_nodes, num_edges, budget, simple, bool(graph.meta.get("directed"))
+            graph.num_nodes, num_edges, budget, simple, directed, index_itemsize=itemsize
         )
     train_mask = graph.mask("train").numpy().astype(bool)
     if method == "metis":

@@ -18,13 +18,22 @@ BYTES_PER_EDGE = 64  # per directed edge of the symmetric graph METIS is given
 BYTES_PER_NODE = 200
 FIXED_BYTES = 150 * 2**20  # importing DGL (~60 MB of heap) and METIS's own tables
 REBUILD_BYTES_PER_EDGE = 8  # a graph not stored simple and symmetric is rebuilt and held in RAM
+WIDEN_BYTES_PER_EDGE = 8  # stored int32 indices are widened for DGL's METIS (int64 graphs only), in RAM
 
 
-def metis_bytes(num_nodes: int, num_edges: int, simple_symmetric: bool = True, directed: bool = False) -> int:
+def metis_bytes(
+    num_nodes: int,
+    num_edges: int,
+    simple_symmetric: bool = True,
+    directed: bool = False,
+    index_itemsize: int = 8,
+) -> int:
     """Peak growth of anonymous memory while METIS partitions a graph whose CSC holds `num_edges` edges.
-    A graph that is not stored simple and symmetric is rebuilt first: up to twice its edges when directed."""
+    A graph that is not stored simple and symmetric is rebuilt first (int64 indices): up to twice its edges
+    when directed. One used as stored is copied to int64 first when its indices are int32."""
     if simple_symmetric:
-        return FIXED_BYTES + BYTES_PER_NODE * num_nodes + BYTES_PER_EDGE * num_edges
+        widen = WIDEN_BYTES_PER_EDGE * num_edges if index_itemsize < 8 else 0
+        return FIXED_BYTES + BYTES_PER_NODE * num_nodes + BYTES_PER_EDGE * num_edges + widen
     sym_edges = num_edges * (2 if directed else 1)
     return FIXED_BYTES + BYTES_PER_NODE * num_nodes + (BYTES_PER_EDGE + REBUILD_BYTES_PER_EDGE) * sym_edges
 
@@ -36,12 +45,13 @@ def check_metis_memory(
     simple_symmetric: bool = True,
     directed: bool = False,
     key: str = "partition.memory_budget",
+    index_itemsize: int = 8,
 ) -> dict:
     """{estimate_mb, budget_mb, budget}; MemoryBudgetError (exit 2, one line) when METIS would not fit.
     The estimate is what this process holds now plus METIS's growth."""
     budget = resolve_budget(spec, key)
     held = int((rss_anon_mb() or 0.0) * 2**20)
-    estimate = held + metis_bytes(num_nodes, num_edges, simple_symmetric, directed)
+    estimate = held + metis_bytes(num_nodes, num_edges, simple_symmetric, directed, index_itemsize)
     if estimate > budget.bytes:
         raise MemoryBudgetError(
             f"METIS on {num_nodes:,} nodes / {num_edges:,} edges needs about {gb(estimate)}, "

@@ -45,7 +45,8 @@ def metis_assignment(
         return np.zeros(adj.num_nodes, dtype=np.int64)
     import dgl
 
-    g = csc_to_dgl(adj.indptr, adj.indices, adj.num_nodes)
+    # DGL's METIS takes int64 graphs only: int32 indices are widened here (memory.py counts the copy)
+    g = csc_to_dgl(adj.indptr, adj.indices, adj.num_nodes, idtype=torch.int64)
     ntypes = None
     if train_mask is not None and 0 < int(np.count_nonzero(train_mask)) < adj.num_nodes:
         ntypes = torch.from_numpy(np.asarray(train_mask, dtype=np.int64))

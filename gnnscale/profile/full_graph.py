@@ -103,7 +103,8 @@ def full_graph_memory(
         "gathered features (the step's input)": int(GATHER_HEADROOM * n * stats.feat_dim * BYTES),
         **{name: sum(sizes) for name, sizes in step.items()},
         "parameters, gradients, Adam moments": params * BYTES * 4,
-        "graph structure: transposed CSR (heap)": (n + 1) * 8 + 2 * e * 8 if arch != "mlp" else 0,
+        # in the graph's idtype (int32 over int32 indices): indptr, indices and edge ids
+        "graph structure: transposed CSR (heap)": (n + 1 + 2 * e) * stats.index_bytes if arch != "mlp" else 0,
         "heap slack (freed step tensors under 32 MB)": sum(
             t for sizes in step.values() for t in sizes if t < MMAP_THRESHOLD
         ),

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from gnnscale.errors import ConfigError
-from gnnscale.storage.csc import open_csc
+from gnnscale.storage.csc import index_dtype, open_csc, recorded_index_dtype
 from gnnscale.storage.graph_dir import GraphDir
 
 SKEW_P99_OVER_MEDIAN = 20.0
@@ -90,6 +90,7 @@ class GraphStats:
     degrees: DegreeStats | None  # None for a described graph (no CSC to count)
     source: str  # "graph_dir" | "description"
     graph_dir: str | None = None
+    index_itemsize: int | None = None  # bytes per CSC index (meta.json's); None: what build-csr would write
 
     @property
     def avg_degree(self) -> float:
@@ -100,9 +101,15 @@ class GraphStats:
         return self.num_nodes * self.feat_dim * self.feat_itemsize
 
     @property
+    def index_bytes(self) -> int:
+        """Bytes per node and edge id of the sampler's graph: int32 when build-csr writes int32 indices."""
+        return self.index_itemsize or index_dtype(self.num_nodes, self.num_edges).itemsize
+
+    @property
     def csc_bytes(self) -> int:
-        """indptr and indices, int64 (what build-csr writes and sampling maps)."""
-        return (self.num_nodes + 1) * 8 + self.num_edges * 8
+        """indptr and indices as sampling holds them: the DGL graph over int32 indices keeps an int32 copy
+        of indptr (sampling/graph.py), over int64 ones the int64 file."""
+        return (self.num_nodes + 1 + self.num_edges) * self.index_bytes
 
     def as_dict(self) -> dict:
         return {
@@ -216,6 +223,7 @@ def graph_stats(graph_dir: str | Path) -> GraphStats:
         degrees=degree_stats(counts),
         source="graph_dir",
         graph_dir=str(graph_dir),
+        index_itemsize=recorded_index_dtype(meta).itemsize,
     )
 
 

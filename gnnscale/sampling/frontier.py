@@ -18,6 +18,7 @@ import torch
 
 from gnnscale.models import EDGE_WEIGHT
 from gnnscale.sampling.blocks import BlockBuilder
+from gnnscale.sampling.graph import as_int64, ids_for
 
 
 @dataclass
@@ -51,12 +52,14 @@ class FrontierBlockSampler(dgl.dataloading.BlockSampler):
         """Per-batch state, drawn before the first layer (LABOR's random seed); nothing by default."""
 
     def frontier(self, g, dst: torch.Tensor, fanout: int, depth: int, exclude_eids=None) -> Frontier:
-        """The sampled in-edges of `dst` for the layer `depth` steps below the output (0 = output layer)."""
+        """The sampled in-edges of `dst` (int64) for the layer `depth` steps below the output (0 = output
+        layer); exclude_eids come in g's idtype, and DGL wants `dst` in it too (sampling.graph.ids_for)."""
         raise NotImplementedError
 
     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
         builder = self._builder_for(g)
         seeds = torch.as_tensor(seed_nodes, dtype=torch.int64)
+        exclude_eids = ids_for(g, exclude_eids)  # in g's idtype, as DGL's samplers want it
         self.start_batch(g)
         dst = seeds
         blocks = []
@@ -82,7 +85,8 @@ class FrontierBlockSampler(dgl.dataloading.BlockSampler):
 
 
 def frontier_of(subgraph, weight: torch.Tensor | None = None) -> Frontier:
-    """A Frontier from a DGL sampling result (a graph over all nodes holding only the sampled edges)."""
+    """A Frontier from a DGL sampling result (a graph over all nodes holding only the sampled edges), its
+    ids int64 whatever the graph's idtype (an int32 graph's would otherwise reach the blocks)."""
     src, edge_dst = subgraph.edges()
-    eids = subgraph.edata[dgl.EID].numpy() if dgl.EID in subgraph.edata else None
-    return Frontier(src.numpy(), edge_dst.numpy(), eids, weight)
+    eids = as_int64(subgraph.edata[dgl.EID]) if dgl.EID in subgraph.edata else None
+    return Frontier(as_int64(src), as_int64(edge_dst), eids, weight)

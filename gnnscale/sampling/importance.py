@@ -25,6 +25,7 @@ import torch
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import SamplingContext, check_fanouts
 from gnnscale.sampling.frontier import FrontierBlockSampler, frontier_of
+from gnnscale.sampling.graph import ids_for
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.node_scores import CHUNK_EDGES, cached_pagerank, in_degree, pagerank
 
@@ -97,7 +98,7 @@ class ImportanceBlockSampler(FrontierBlockSampler):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             subgraph = g.sample_neighbors(
-                dst, fanout, prob=[prob], replace=self.replace, exclude_edges=exclude_eids
+                ids_for(g, dst), fanout, prob=[prob], replace=self.replace, exclude_edges=exclude_eids
             )
         return frontier_of(subgraph)
 

@@ -24,6 +24,7 @@ from dgl import backend as F
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import check_fanouts
 from gnnscale.sampling.frontier import FrontierBlockSampler, frontier_of
+from gnnscale.sampling.graph import ids_for
 
 SEED_HIGH = 2**62  # random seeds are drawn from [0, SEED_HIGH): room for + layer without overflow
 
@@ -41,7 +42,7 @@ class LaborBlockSampler(FrontierBlockSampler):
     def frontier(self, g, dst, fanout, depth, exclude_eids=None):
         seed = torch.tensor([self._seed + (0 if self.layer_dependency else depth)], dtype=torch.int64)
         subgraph, importances = g.sample_labors(
-            dst,
+            ids_for(g, dst),
             fanout,
             importance_sampling=self.importance_sampling,
             random_seed=F.zerocopy_to_dgl_ndarray(seed),

@@ -108,7 +108,7 @@ class LinkLoader:
         self.negatives, self.k, self.shuffle = negatives, int(k), shuffle
         self.eids = torch.from_numpy(np.asarray(split.train_eids))
         self.reverse = torch.from_numpy(np.asarray(split.reverse_eids))
-        self.src = torch.from_numpy(np.asarray(split.indices))
+        self.src = torch.from_numpy(np.asarray(split.indices))  # int32 or int64, as the split stores it
         self.dst = torch.from_numpy(split.edge_dst())
 
     def __len__(self) -> int:
@@ -121,7 +121,7 @@ class LinkLoader:
             yield self.batch(self.eids[order[lo : lo + self.batch_size]])
 
     def batch(self, eids: torch.Tensor) -> Batch:
-        u, v = self.src[eids], self.dst[eids]
+        u, v = self.src[eids].to(torch.int64), self.dst[eids]
         neg = self.negatives.sample(v, self.k)
         rev = self.reverse[eids]
         exclude = torch.cat([eids, rev[rev >= 0]])  # the targets and their reverses: invisible to the batch
@@ -138,7 +138,7 @@ class WalkLinkLoader:
     def __init__(
         self, g, split, sampler, batch_size: int, negatives: NegativeSampler, k: int, walk_length: int
     ):
-        import dgl
+        from gnnscale.sampling.graph import adj_to_dgl
 
         if int(walk_length) < 1:
             raise ConfigError(
@@ -147,9 +147,7 @@ class WalkLinkLoader:
         self.g, self.sampler, self.batch_size = g, sampler, int(batch_size)
         self.negatives, self.k, self.length = negatives, int(k), int(walk_length)
         indptr, indices = np.asarray(split.indptr), np.asarray(split.indices)
-        empty = torch.empty(0, dtype=torch.int64)
-        ip, ix = torch.from_numpy(indptr.copy()), torch.from_numpy(indices.copy())
-        self.walk_g = dgl.graph(("csr", (ip, ix, empty)), num_nodes=split.num_nodes)
+        self.walk_g = adj_to_dgl("csr", indptr.copy(), indices.copy(), split.num_nodes)
         self.starts = torch.from_numpy(np.flatnonzero(np.diff(indptr) > 0))  # nodes with a neighbour
 
     def __len__(self) -> int:
@@ -163,9 +161,9 @@ class WalkLinkLoader:
     def batch(self, u: torch.Tensor) -> Batch:
         import dgl
 
-        traces, _ = dgl.sampling.random_walk(self.walk_g, u, length=self.length)
+        traces, _ = dgl.sampling.random_walk(self.walk_g, u.to(self.walk_g.idtype), length=self.length)
         pick = torch.randint(1, self.length + 1, (len(u),))
-        v = traces[torch.arange(len(u)), pick]
+        v = traces[torch.arange(len(u)), pick].to(torch.int64)
         ok = (v >= 0) & (v != u)  # a walk stuck at a dead end, or back at its start: no pair
         u, v = u[ok], v[ok]
         return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k), self.k)

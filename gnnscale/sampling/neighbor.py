@@ -18,6 +18,8 @@ import dgl
 import torch
 
 from gnnscale.sampling.blocks import BlockBuilder
+from gnnscale.sampling.frontier import frontier_of
+from gnnscale.sampling.graph import ids_for
 
 
 class NeighborBlockSampler(dgl.dataloading.BlockSampler):
@@ -41,12 +43,12 @@ class NeighborBlockSampler(dgl.dataloading.BlockSampler):
     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
         builder = self._builder_for(g)
         seeds = torch.as_tensor(seed_nodes, dtype=torch.int64)
+        exclude = ids_for(g, exclude_eids)
         dst = seeds
         blocks = []
         for fanout in reversed(self.fanouts):
-            frontier = g.sample_neighbors(dst, fanout, replace=self.replace, exclude_edges=exclude_eids)
-            src, edge_dst = frontier.edges()
-            eids = frontier.edata[dgl.EID].numpy() if dgl.EID in frontier.edata else None
-            block, dst = builder.from_edges(dst.numpy(), src.numpy(), edge_dst.numpy(), eids)
+            sampled = g.sample_neighbors(ids_for(g, dst), fanout, replace=self.replace, exclude_edges=exclude)
+            f = frontier_of(sampled)  # int64 ids whatever g's idtype: the same block from either
+            block, dst = builder.from_edges(dst.numpy(), f.src, f.edge_dst, f.eids)
             blocks.insert(0, block)
         return dst, seeds, blocks

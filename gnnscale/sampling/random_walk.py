@@ -15,7 +15,6 @@ order; the walks are DGL's per-thread streams, reseeded per epoch like neighbour
 
 from __future__ import annotations
 
-import warnings
 from typing import Sequence
 
 import dgl
@@ -25,6 +24,7 @@ import torch
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import check_fanouts
 from gnnscale.sampling.frontier import Frontier, FrontierBlockSampler
+from gnnscale.sampling.graph import adj_to_dgl, ids_for
 
 
 def top_visited(
@@ -67,16 +67,11 @@ class RandomWalkBlockSampler(FrontierBlockSampler):
     def _reverse(self, g):
         if self._reversed is None or self._reversed[0] is not g:
             indptr, indices, _ = g.adj_tensors("csc")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                rg = dgl.graph(
-                    ("csr", (indptr, indices, torch.empty(0, dtype=torch.int64))), num_nodes=g.num_nodes()
-                ).formats("csr")
-            self._reversed = (g, rg)
+            self._reversed = (g, adj_to_dgl("csr", indptr, indices, g.num_nodes(), g.idtype))
         return self._reversed[1]
 
     def frontier(self, g, dst, fanout, depth, exclude_eids=None):
-        starts = dst.repeat_interleave(self.num_walks)
+        starts = ids_for(g, dst).repeat_interleave(self.num_walks)
         traces, _ = dgl.sampling.random_walk(
             self._reverse(g), starts, length=self.walk_length, restart_prob=self._stop
         )

@@ -17,6 +17,7 @@ import torch
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import SamplingContext, check_fanouts
 from gnnscale.sampling.frontier import FrontierBlockSampler, frontier_of
+from gnnscale.sampling.graph import ids_for
 from gnnscale.storage.node_scores import EDGE_KEY, open_edge_data
 
 
@@ -37,7 +38,7 @@ class WeightedBlockSampler(FrontierBlockSampler):
         if self.prob is None:
             raise RuntimeError("WeightedBlockSampler.prepare(ctx) must run before sampling")
         subgraph = g.sample_neighbors(
-            dst, fanout, prob=[self.prob], replace=self.replace, exclude_edges=exclude_eids
+            ids_for(g, dst), fanout, prob=[self.prob], replace=self.replace, exclude_edges=exclude_eids
         )
         return frontier_of(subgraph)
 

@@ -56,6 +56,7 @@ def run(cfg: DictConfig) -> dict:
         "graph_dir": str(cfg.graph_dir),
         "num_nodes": graph.num_nodes,
         "num_edges": csc["num_edges"],
+        "index_dtype": csc["index_dtype"],
         "in_degree": degrees,
         "edges_per_s": round(csc["num_edges"] / max(csc["build_time_s"], 1e-9)),
         "build_time_s": csc["build_time_s"],
@@ -67,6 +68,7 @@ def run(cfg: DictConfig) -> dict:
         {
             "nodes": graph.num_nodes,
             "edges (CSC)": csc["num_edges"],
+            "indices": f"{csc['index_dtype']} ({np.dtype(csc['index_dtype']).itemsize} bytes per edge)",
             "in-degree min / median / max": f"{degrees['min']} / {degrees['median']} / {degrees['max']:,}",
             "isolated nodes": degrees["isolated"],
             "build time (s)": csc["build_time_s"],

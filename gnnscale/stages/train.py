@@ -31,7 +31,7 @@ from gnnscale.training.diagnostics import build_diagnostics
 from gnnscale.training.options import pick_device
 from gnnscale.training.phases import resolve_epochs, resolve_phases, uses_phases
 from gnnscale.training.precision import Precision
-from gnnscale.training.report import summary_rows, train_summary
+from gnnscale.training.report import read_stats, summary_rows, train_summary
 from gnnscale.training.resume import clear_previous_run, settle_run_dir
 from gnnscale.training.sync import Sync
 from gnnscale.training.task_setup import (
@@ -120,6 +120,7 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
         **(link_summary(cfg, data, result) if data.edges is not None else {}),
         memory_plan=memory.as_dict(),
         **({"hot_feature_cache": cache_stats.summary()} if cache_stats is not None else {}),
+        **({"feature_reads": read_stats(trainer, data)} if data.reader is not None else {}),
         **({"dist": dist_summary(cfg.dist, sync)} if sync.world > 1 else {}),
         **meter.stats(),
     )
@@ -162,8 +163,12 @@ def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | No
         raise
     for line in decisions:
         info(line)
+    if memory.structure == "memory":
+        data.hold_structure_in_memory()
     if memory.feature_cache == "memory":
         data.hold_features_in_memory()
+    elif memory.feature_cache == "read":
+        data.read_features_ahead(memory.stage_rows, memory.stage_batches, memory.stage_overlap)
     if not memory.mapped_files_fit:
         data.read_at_random()
         info("memory-mapped files larger than the page cache the budget leaves: faults read only their page")

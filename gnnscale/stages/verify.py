@@ -40,7 +40,10 @@ def run(cfg: DictConfig) -> dict:
         "stage": "verify",
         "graph_dir": str(cfg.graph_dir),
         "mode": mode,
-        "files": [{"file": c.file, "status": c.status, "bytes": c.size} for c in results],
+        "files": [
+            {"file": c.file, "status": c.status, "bytes": c.size, **({"dtype": c.dtype} if c.dtype else {})}
+            for c in results
+        ],
         "bytes": sum(c.size or 0 for c in results),
         "wall_time_s": round(wall, 4),
         "ok": not bad,

@@ -2,6 +2,13 @@
 
 Two streaming passes over the shards: count in-degrees into `indptr`, then scatter each shard's
 (dst, src)-sorted sources into its slice of `indices`. Heap use is one shard's edge arrays.
+
+`indptr` is int64 (edge counts outgrow int32 long before node counts do). `indices` is int32 when the
+graph has fewer than 2**31 nodes and edges (half the bytes to map, cache or hold in RAM), else int64;
+meta.json's `csc.index_dtype` records which, and a CSC built before that (int64, with or without the
+key) is read as it is. Both limits, not the node count alone: a DGL graph over int32 indices needs an
+int32 indptr too (sampling/graph.py), so past 2**31 edges int32 indices could only be used widened, a
+full copy; int64 ones are used in place.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +28,22 @@ from gnnscale.utils.diskspace import ensure_space
 from gnnscale.utils.faults import fault_point
 
 CSC_DIR = "csc"
+_READ_CHUNK = 64 << 20  # bytes per read() of a resident load: large sequential requests, no page faults
+
+
+def index_dtype(num_nodes: int, num_edges: int) -> np.dtype:
+    """The dtype build-csr gives `indices` (and so what a sampler holds per edge)."""
+    return np.dtype(np.int32 if max(num_nodes, num_edges) < 2**31 else np.int64)
+
+
+def recorded_index_dtype(meta: dict) -> np.dtype:
+    """meta.json's csc.index_dtype; a CSC built before it was recorded is int64."""
+    name = str((meta.get("csc") or {}).get("index_dtype", "int64"))
+    if name not in ("int32", "int64"):
+        raise GraphDirError(
+            f"meta.json records csc.index_dtype={name!r}, not int32 or int64", "re-run `gnnscale build-csr`"
+        )
+    return np.dtype(name)
 
 
 def rows_edges(indptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,8 +76,10 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
     staging = graph.path / f".{CSC_DIR}.partial"
     if staging.exists():
         shutil.rmtree(staging)
+    num_edges = sum(int(s["num_edges"]) for s in shards)  # checked against each shard in pass 1
+    dtype = index_dtype(n, num_edges)
     # mapped writes on a full disk are SIGBUS, not ENOSPC: refuse first (exit 2, how much is needed)
-    ensure_space(graph.path, 8 * (n + 1 + sum(int(s["num_edges"]) for s in shards)) + 4096)
+    ensure_space(graph.path, 8 * (n + 1) + dtype.itemsize * num_edges + 4096)
     staging.mkdir()
     t0 = time.time()
     indptr = np.lib.format.open_memmap(staging / "indptr.npy", mode="w+", dtype=np.int64, shape=(n + 1,))
@@ -78,7 +104,7 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
         total += len(dst)
         if progress is not None:
             progress(i + 0.5, len(shards))
-    indices = np.lib.format.open_memmap(staging / "indices.npy", mode="w+", dtype=np.int64, shape=(total,))
+    indices = np.lib.format.open_memmap(staging / "indices.npy", mode="w+", dtype=dtype, shape=(total,))
     # Pass 2: scatter sources; shards written by gnnscale are already (dst, src)-sorted.
     resorted = 0
     for i, info in enumerate(shards):
@@ -111,7 +137,7 @@ def build_csc(graph: GraphDir, validate: bool = True, progress=None) -> dict:
     info = {
         "dir": CSC_DIR,
         "num_edges": int(total),
-        "index_dtype": "int64",
+        "index_dtype": dtype.name,
         "sorted": True,
         "build_time_s": round(elapsed, 3),
         "shards_resorted": resorted,
@@ -132,6 +158,15 @@ def _is_sorted(dst: np.ndarray, src: np.ndarray, lo: int, n: int) -> bool:
 
 def open_csc(graph: GraphDir) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, indices) as read-only memory maps."""
+    return load_csc(graph, resident=False)
+
+
+def load_csc(graph: GraphDir, resident: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr int64, indices int32 or int64 as meta.json records), checked against meta.json.
+
+    resident=False: read-only memory maps (pages read on first touch, one fault at a time).
+    resident=True: both arrays read into anonymous memory with large sequential reads, so a sampler over
+    them never faults, whatever the page cache keeps."""
     info = graph.meta.get("csc")
     folder = graph.path / CSC_DIR
     if info is None or not folder.is_dir():
@@ -143,8 +178,8 @@ def open_csc(graph: GraphDir) -> tuple[np.ndarray, np.ndarray]:
             f"the CSC in '{graph.path}' was built from other shards",
             f"re-run `gnnscale build-csr graph_dir={graph.path}`",
         )
-    indptr = np.load(folder / "indptr.npy", mmap_mode="r")
-    indices = np.load(folder / "indices.npy", mmap_mode="r")
+    expected = {"indptr.npy": np.dtype(np.int64), "indices.npy": recorded_index_dtype(graph.meta)}
+    indptr, indices = (_load_npy(graph, folder / f, expected[f], resident) for f in expected)
     if (
         len(indptr) != graph.num_nodes + 1
         or len(indices) != info["num_edges"]
@@ -155,3 +190,49 @@ def open_csc(graph: GraphDir) -> tuple[np.ndarray, np.ndarray]:
             f"re-run `gnnscale build-csr graph_dir={graph.path}`",
         )
     return indptr, indices
+
+
+def npy_dtype(path: Path) -> np.dtype:
+    """The dtype in a .npy file's header (nothing else is read)."""
+    with open(path, "rb") as fh:
+        return _npy_header(fh)[2]
+
+
+def _npy_header(fh) -> tuple[tuple, bool, np.dtype]:
+    """(shape, fortran_order, dtype), leaving fh at the first data byte."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(fh)
+    return np.lib.format.read_array_header_2_0(fh)
+
+
+def _load_npy(graph: GraphDir, path: Path, expected: np.dtype, resident: bool) -> np.ndarray:
+    """One CSC array, its dtype checked against meta.json before any of its data is read."""
+    fix = f"re-run `gnnscale build-csr graph_dir={graph.path}`"
+    try:
+        with open(path, "rb", buffering=0) as fh:  # unbuffered: the data is read straight into the array
+            shape, _, dtype = _npy_header(fh)
+            if dtype != expected:
+                what = "csc.index_dtype" if path.name == "indices.npy" else "an int64 indptr"
+                raise GraphDirError(f"{path} holds {dtype} but meta.json records {expected} ({what})", fix)
+            if not resident:
+                return np.load(path, mmap_mode="r")
+            out = np.empty(shape, dtype=dtype)  # 1-D: the memory order is the file's
+            _read_into(fh, out)
+            return out
+    except (OSError, ValueError) as exc:
+        raise GraphDirError(f"cannot read {path}: {str(exc).splitlines()[0]}", fix) from None
+
+
+def _read_into(fh, out: np.ndarray) -> None:
+    """Fill `out` from the file's current offset, _READ_CHUNK bytes per read: a few large requests the
+    kernel reads ahead of, instead of a page fault per 4 KiB."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        got = fh.readinto(view[done : done + _READ_CHUNK])
+        if not got:
+            raise ValueError(f"the file ends after {done:,} of {len(view):,} data bytes")
+        done += got

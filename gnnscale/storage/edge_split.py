@@ -5,7 +5,8 @@ bench) reads the same files, recorded in meta.json under `edge_splits`:
 
   val.npy, test.npy     [2, P] int64 (src, dst): the held-out positives, one direction per edge
   csc/indptr.npy, csc/indices.npy   the message-passing CSC: the graph's CSC without val / test edges
-                        (both directions of an undirected edge), so no model can see them
+                        (both directions of an undirected edge), so no model can see them; indices
+                        int32 when the graph allows (storage/csc.py's index_dtype), as the graph's own
   train_eids.npy        [P] the training positives as edge ids of that CSC (one direction per edge)
   reverse_eids.npy      [E] each message-passing edge's reverse edge id (-1: none, directed graphs), so a
                         batch excludes both directions of its target edges from its own neighbourhoods
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gnnscale.errors import ConfigError, DataError
-from gnnscale.storage.csc import open_csc
+from gnnscale.storage.csc import index_dtype, open_csc
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.meta import record_edge_split
 from gnnscale.utils.atomic import atomic_path, fsync_dir
@@ -129,18 +130,19 @@ def open_edge_split(graph: GraphDir, name: str) -> EdgeSplit:
 def _make(graph: GraphDir, folder: Path, seed, val_fraction, test_fraction, split_file) -> dict:
     indptr, indices = open_csc(graph)
     n = graph.num_nodes
-    src = np.asarray(indices, dtype=np.int64)
+    src = np.asarray(indices)  # as stored (int32 or int64): the products below are taken in int64
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     keys = dst * n + src  # ascending: build-csr sorts each destination's sources
     undirected = not bool(graph.meta["directed"])
     if undirected:
-        rev = np.searchsorted(keys, src * n + dst)
-        rev = np.minimum(rev, len(keys) - 1)
-        if len(keys) and not bool((keys[rev] == src * n + dst).all()):
+        back = np.multiply(src, n, dtype=np.int64) + dst  # each edge's reverse as a key
+        rev = np.minimum(np.searchsorted(keys, back), len(keys) - 1)
+        if len(keys) and not bool((keys[rev] == back).all()):
             raise DataError(
                 f"'{graph.path}' says it is undirected but an edge lacks its reverse",
                 "re-run `gnnscale shard` (data.make_undirected=true) and `gnnscale build-csr`",
             )
+        del back
         canonical = np.flatnonzero(src <= dst)  # one direction per edge
     else:
         rev = None
@@ -172,13 +174,14 @@ def _make(graph: GraphDir, folder: Path, seed, val_fraction, test_fraction, spli
     mp_indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst[keep], minlength=n), out=mp_indptr[1:])
     reverse = new_id[rev[keep]] if undirected else np.full(int(keep.sum()), -1, dtype=np.int64)
+    mp_indices = src[keep].astype(index_dtype(n, int(keep.sum())), copy=False)
     out = {
-        "val.npy": np.stack([src[val_eids], dst[val_eids]]),
-        "test.npy": np.stack([src[test_eids], dst[test_eids]]),
+        "val.npy": np.stack([src[val_eids].astype(np.int64), dst[val_eids]]),
+        "test.npy": np.stack([src[test_eids].astype(np.int64), dst[test_eids]]),
         "train_eids.npy": new_id[train_canonical].astype(np.int64),
         "reverse_eids.npy": reverse.astype(np.int64),
         "csc/indptr.npy": mp_indptr,
-        "csc/indices.npy": src[keep],
+        "csc/indices.npy": mp_indices,
     }
     staging = folder.parent / f".{folder.name}.partial"
     if staging.exists():

@@ -131,6 +131,11 @@ class FeatureStore:
         self.hits = self.misses = 0
         return len(ids)
 
+    @property
+    def hot_slot(self) -> torch.Tensor | None:
+        """node -> row of the hot-feature cache (-1: not cached), or None without a cache."""
+        return self._slot
+
     def cache_counts(self) -> tuple[int, int]:
         """(hits, misses) so far: rows served from the cache, rows read from the shards."""
         return self.hits, self.misses
@@ -146,11 +151,16 @@ class FeatureStore:
     def __len__(self) -> int:
         return self.num_nodes
 
-    def gather(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def gather(
+        self, ids: torch.Tensor, out: torch.Tensor | None = None, staged: tuple | None = None
+    ) -> torch.Tensor:
+        """Rows of `ids` in that order. staged=(slot, rows): rows read ahead (training/staging.py), node ->
+        row of `rows` in `slot` (-1 = not there); the rows neither it nor the hot cache hold are read from
+        the shards."""
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
             raise IndexError(f"node id out of range [0, {self.num_nodes})")
-        if self._full is not None and self._slot is None:
+        if self._full is not None and self._slot is None and staged is None:
             return torch.index_select(self._full, 0, ids, out=out) if out is not None else self._full[ids]
         if out is None:
             out = torch.empty((len(ids), self.feat_dim), dtype=self.dtype)
@@ -167,6 +177,15 @@ class FeatureStore:
             ids = ids[at]
             self.hits += len(cached)  # one writer: the thread gathering (GIL-atomic enough for counts)
             self.misses += len(at)
+        if staged is not None and len(ids):
+            slot, rows = staged
+            pos = slot[ids]
+            have = pos >= 0
+            took = have.nonzero().squeeze(1)
+            self._copy_rows(rows, pos[took].to(torch.int64), stored, took if at is None else at[took])
+            left = (~have).nonzero().squeeze(1)
+            at = left if at is None else at[left]
+            ids = ids[left]
         shard = torch.searchsorted(self._starts, ids, right=True) - 1
         order = torch.argsort(shard)
         counts = torch.bincount(shard, minlength=len(self._feats)).tolist()

@@ -7,6 +7,8 @@ place moves mtime / ctime, a file replaced gets another inode: either means a re
 within RACY_NS of the file's last change is not trusted (a write in the same clock tick keeps mtime).
 verify=full re-hashes every file; verify=off checks nothing. A read-only graph_dir is verified without
 recording stamps (so every run re-hashes what it reads), said once.
+The CSC's .npy files are also checked against the dtypes meta.json records (an int64 indptr; indices of
+csc.index_dtype), read from their headers every time: a checksum covers the bytes, not what meta.json says.
 Checkpoints: checkpoints/sha256.json (models/checkpoint.py) works the same way for last.pt / best.pt.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gnnscale.errors import ConfigError, GraphDirError
+from gnnscale.storage.csc import npy_dtype, recorded_index_dtype
 from gnnscale.storage.lock import check_not_written
 from gnnscale.storage.meta import read_meta, recorded_files
 from gnnscale.storage.run_dir import read_json
@@ -28,6 +31,7 @@ from gnnscale.utils.ui import info
 STAMP_FILE = ".verified.json"
 MODES = ("stamp", "full", "off")
 STATUS_OK = ("ok (stamp)", "ok (hashed)", "not recorded")
+DTYPE_MISMATCH = "dtype MISMATCH"
 # A stamp taken less than this after the file's last change is not trusted ("racy", as git calls it): a
 # later write within the same timestamp tick (coarse clocks; 1-2 s on some filesystems) would keep mtime.
 RACY_NS = 2_000_000_000
@@ -39,9 +43,11 @@ class FileCheck:
     writer: str  # the command that writes it: shard | build-csr
     size: int | None
     recorded: str | None  # meta.json's sha256
-    status: str  # ok (stamp) | ok (hashed) | not recorded | MISMATCH | missing
+    status: str  # ok (stamp) | ok (hashed) | not recorded | MISMATCH | dtype MISMATCH | missing
     seconds: float
-    actual: str | None = None
+    actual: str | None = None  # the file's sha256 when hashed
+    dtype: str | None = None  # a CSC array's dtype, from its .npy header
+    recorded_dtype: str | None = None  # the dtype meta.json says it holds
 
     @property
     def ok(self) -> bool:
@@ -52,6 +58,29 @@ def check_mode(mode: str, key: str = "verify") -> str:
     if mode not in MODES:
         raise ConfigError(f"{key}={mode} is not a verify mode", f"use one of {'|'.join(MODES)}")
     return mode
+
+
+def _recorded_dtypes(meta: dict) -> dict:
+    """path inside graph_dir -> the dtype meta.json says that CSC array holds."""
+    csc = meta.get("csc")
+    if not csc:
+        return {}
+    folder = csc.get("dir", "csc")
+    return {f"{folder}/indptr.npy": "int64", f"{folder}/indices.npy": recorded_index_dtype(meta).name}
+
+
+def _check_dtype(check: FileCheck, path: Path, recorded: str | None) -> FileCheck:
+    """The file's dtype beside meta.json's; a file that passed its checksum fails on a different one."""
+    if recorded is None or check.status not in STATUS_OK:
+        return check
+    try:
+        check.dtype = npy_dtype(path).name
+    except (OSError, ValueError):
+        check.dtype = "unreadable"
+    check.recorded_dtype = recorded
+    if check.dtype != recorded:
+        check.status = DTYPE_MISMATCH
+    return check
 
 
 def _signature(st: os.stat_result) -> dict:
@@ -97,6 +126,7 @@ def check_files(
     stamps = _read_stamps(graph_dir)
     changed, results = False, []
     files = recorded_files(meta, parts)
+    dtypes = _recorded_dtypes(meta)
     for k, (rel, recorded, writer) in enumerate(files):
         if progress is not None:
             progress(k, len(files))
@@ -122,6 +152,7 @@ def check_files(
             del stamps[rel]
             changed = True
         results.append(FileCheck(rel, writer, size, recorded, status, time.perf_counter() - t0, actual))
+    results = [_check_dtype(c, graph_dir / c.file, dtypes.get(c.file)) for c in results]
     if changed and not _write_stamps(graph_dir, stamps):
         info(f"graph_dir '{graph_dir}' is read-only: verified, but no stamps recorded (each run re-hashes)")
     return results
@@ -136,6 +167,8 @@ def problem(check: FileCheck, graph_dir: str | Path) -> GraphDirError:
         fix = f"re-run `gnnscale build-csr graph_dir={graph_dir}`"
     if check.status == "missing":
         return GraphDirError(f"{path} is missing (meta.json lists it)", fix)
+    if check.status == DTYPE_MISMATCH:
+        return GraphDirError(f"{path} holds {check.dtype} but meta.json records {check.recorded_dtype}", fix)
     return GraphDirError(
         f"checksum mismatch for {path} (meta.json records sha256 {check.recorded[:12]}…, the file has "
         f"{check.actual[:12]}…): it is corrupt or was changed",

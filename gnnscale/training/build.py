@@ -27,6 +27,7 @@ from gnnscale.training.memory_plan import (
 from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
+from gnnscale.training.staging import Stager
 from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
@@ -134,10 +135,20 @@ def preflight(
         resolve_prefetch(int(t.prefetch), device),
         budget,
         cache_rows,
+        resident_ok=data.edges is None,  # a link run's graph is its edge split's, already placed
     )
     if not p.fits:
         raise MemoryBudgetError(*refusal(w, p, largest, p.eval_batch_size))
     return p, decisions
+
+
+def build_stager(data: TrainData, lookahead: bool = True) -> Stager | None:
+    """feature_cache=read: one stager for a run's streams (they never run at once, so they share its
+    buffers). lookahead=False: one batch per superbatch (samplers that draw from torch's RNG mid-epoch)."""
+    if data.feature_cache != "read":
+        return None
+    rows, batches, overlap = data.stage
+    return Stager(data.features, data.reader, rows, batches if lookahead else 1, overlap)
 
 
 def loss_blocks_layers(cfg: DictConfig) -> int:
@@ -164,6 +175,7 @@ def build_streams(
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = eval_batch_size or _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
+    stager = build_stager(data)
     cut = loss_blocks_layers(cfg)
 
     def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
@@ -186,6 +198,7 @@ def build_streams(
             prefetch=prefetch,
             device=device,
             buffers=buffers,
+            stager=stager,
         )
 
     phases = resolve_phases(cfg)

@@ -8,7 +8,7 @@ import torch
 
 from gnnscale.errors import DataError
 from gnnscale.sampling.graph import csc_to_dgl, to_dgl_graph
-from gnnscale.storage.csc import open_csc
+from gnnscale.storage.csc import load_csc, open_csc
 from gnnscale.storage.edge_split import ensure_edge_split
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
@@ -16,7 +16,7 @@ from gnnscale.storage.verify import verify_graph_dir
 from gnnscale.utils.mmap_advice import advise_tensor
 from gnnscale.utils.ui import info
 
-FEATURE_CACHES = ("auto", "memory", "mmap")
+FEATURE_CACHES = ("auto", "memory", "mmap", "read")
 SPLITS = ("train", "val", "test")
 
 
@@ -29,8 +29,11 @@ class TrainData:
     splits: dict  # split -> labelled node ids (int64)
     num_classes: int
     feat_dim: int
-    feature_cache: str  # memory | mmap: what `auto` decided
+    feature_cache: str  # memory | mmap | read: what `auto` decided
     edges: object = None  # task=link: the storage.edge_split.EdgeSplit (g is then its message-passing graph)
+    reader: object = None  # feature_cache=read: the storage.feature_reader.FeatureReader
+    # feature_cache=read: (rows per staging buffer, batches per superbatch, overlap)
+    stage: tuple = (0, 0, True)
 
     @property
     def name(self) -> str:
@@ -44,6 +47,21 @@ class TrainData:
                 "clean the source features and re-run `gnnscale shard`",
             )
         self.features, self.feature_cache = features, "memory"
+
+    def hold_structure_in_memory(self) -> None:
+        """The CSC read into RAM with large sequential reads: the sampler then never faults. (A link run's
+        message-passing graph is its edge split's, left as it is.)"""
+        if self.edges is None:
+            indptr, indices = load_csc(self.graph, resident=True)
+            self.g = csc_to_dgl(indptr, indices, self.graph.num_nodes)
+
+    def read_features_ahead(self, rows: int, batches: int, overlap: bool = True) -> None:
+        """Features read from the shards a superbatch ahead (training/staging.py), not page-faulted."""
+        from gnnscale.storage.feature_reader import FeatureReader
+
+        self.reader = FeatureReader(self.graph)
+        self.stage = (int(rows), int(batches), bool(overlap))
+        self.feature_cache = "read"
 
     def read_at_random(self) -> None:
         """The memory-mapped CSC and features will not all stay in the page cache: no read-around on
@@ -60,7 +78,11 @@ class TrainData:
 
     @property
     def csc_bytes(self) -> int:
-        return int((self.graph.num_nodes + 1) * 8 + self.graph.meta["csc"]["num_edges"] * 8)
+        """The sampler's structure as its DGL graph holds it, at the real itemsizes: int32 indices and an
+        int32 copy of indptr when build-csr wrote int32, int64 for a CSC built before (a link run: its
+        edge split's message-passing CSC)."""
+        indptr, indices, _ = self.g.adj_tensors("csc")
+        return int(indptr.nbytes + indices.nbytes)
 
     def describe(self) -> dict:
         return {

@@ -15,6 +15,7 @@ from gnnscale.sampling.link import (
     WalkLinkLoader,
 )
 from gnnscale.training.batches import BatchStream, FeatureBuffers
+from gnnscale.training.build import build_stager
 from gnnscale.training.phases import resolve_phases
 
 _VAL, _TEST = 1, 2  # seed streams of the evaluation negatives
@@ -40,9 +41,13 @@ def build_link_streams(
     degree = np.diff(np.asarray(split.indptr)) if task.negative_sampler == "degree" else None
     negatives = NegativeSampler(str(task.negative_sampler), data.graph.num_nodes, degree)
     k = int(task.num_negatives)
+    # Negatives are drawn from torch's RNG batch by batch, between dropout's draws: no look-ahead.
+    stager = build_stager(data, lookahead=False)
 
     def stream(make) -> BatchStream:
-        return BatchStream(make, data.features, None, prefetch=prefetch, device=device, buffers=buffers)
+        return BatchStream(
+            make, data.features, None, prefetch=prefetch, device=device, buffers=buffers, stager=stager
+        )
 
     def train_loader(sampler, batch_size: int):
         if getattr(sampler, "loader", None) is not None:  # cluster_gcn: subgraph batches

@@ -11,7 +11,12 @@ are counted in `rss`; what must fit counts the CSC, which sampling reads all ove
 memory-mapped features, the pages one training batch reads (below that the kernel evicts pages the
 next batch needs, and every batch goes back to disk).
 
-A hot-feature cache (train.cache_gb, memory-mapped features only) is anonymous memory: its rows and a
+Features that do not fit in RAM are read a superbatch ahead (feature_cache=read, training/staging.py):
+two staging buffers, a node -> row map and the blocks of the batches sampled ahead; the buffers get
+what the budget leaves (STAGE_SHARE of it), which sets how many batches a superbatch spans. The graph
+structure is held in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
+
+A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
 4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
 to what was asked: a cache that does not fit is shrunk (said in one line), never a reason to refuse a
 run that fits without it. The pages one batch reads through the mmap are still counted in full
@@ -37,6 +42,18 @@ BYTES = 4  # float32 activations, gathered rows and parameters
 # as peak RssAnon of `gnnscale train` minus the other parts on a 600-node graph, where nothing else is large
 # (2 cores; 48 MB with sage_2hop and with full_gcn).
 TRAINER_OVERHEAD = 48 << 20
+# The feature reader's own read buffers (storage/feature_reader.FeatureReader's buffer_bytes default).
+READ_BUFFERS = 64 << 20
+# Of what the budget leaves once everything else is counted, the share the staging buffers take: the rest
+# stays for the page cache of the program's own files and the heap's slack.
+STAGE_SHARE = 0.9
+# A superbatch spans at most this many batches: past that the disk is read at full speed anyway (the
+# union of many batches covers most of the file) and only the held blocks grow.
+MAX_STAGE_BATCHES = 64
+# Double buffering (the next superbatch read while this one computes) against one buffer of twice the
+# rows, read while the model waits: see README "Graphs larger than memory" for the measurement.
+STAGE_OVERLAP = True
+LEAN_FEATURES = "read"  # the placement of the leanest plan: features read ahead into small buffers
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,10 @@ class MemoryPlan:
     cache_rows: int = 0  # rows of the hot-feature cache (0 = none)
     feature_bytes: int = 0  # the whole feature matrix
     eval_batch_size: int = 0  # seeds per evaluation batch, when the plan settled it (0 = not settled here)
+    structure: str = "mmap"  # memory | mmap: where the graph structure (CSC) is read from
+    stage_rows: int = 0  # feature_cache=read: rows one staging buffer holds
+    stage_batches: int = 0  # feature_cache=read: the most batches one superbatch spans
+    stage_overlap: bool = True  # feature_cache=read: two buffers, the next read while one computes
 
     @property
     def fits(self) -> bool:
@@ -151,22 +172,42 @@ class MemoryPlan:
         If not, page faults should read only their page (read-around would evict what the next batch needs)."""
         # must_fit counts the whole CSC already; one batch's feature pages become the whole matrix
         mapped_features = self.feature_bytes if self.feature_cache == "mmap" else 0
-        pages = self.parts["feature pages one batch reads (mmap)"]
+        pages = self.parts.get(PAGES_PART, 0)
         return self.must_fit - pages + mapped_features <= self.budget.bytes
 
     def line(self) -> str:
         return (
             f"memory: estimate {gb(self.must_fit)} of a {gb(self.budget.bytes)} budget ({self.budget.why}) "
-            f"· features {'in RAM' if self.feature_cache == 'memory' else 'memory-mapped'} · prefetch {self.prefetch}"
+            f"· features {self.features_said()} · prefetch {self.prefetch}"
             + (f" · hot-feature cache {gb(self.parts[CACHE_PART])}" if self.cache_rows else "")
-            + f" · graph structure memory-mapped · peak RSS ~{gb(self.rss)} counting mapped files (reclaimable)"
+            + f" · graph structure {'in RAM' if self.structure == 'memory' else 'memory-mapped'}"
+            + f" · peak RSS ~{gb(self.rss)}"
+            + (" counting mapped files (reclaimable)" if self.rss > self.must_fit else "")
         )
+
+    def features_said(self) -> str:
+        if self.feature_cache == "read":
+            return (
+                f"read a superbatch ahead (up to {self.stage_batches} batches, {self.stage_rows:,} rows per "
+                f"buffer, {'2 buffers' if self.stage_overlap else '1 buffer'}, {gb(self.parts[STAGE_PART])} staged)"
+            )
+        return "in RAM" if self.feature_cache == "memory" else "memory-mapped"
 
     def as_dict(self) -> dict:
         return {
             "feature_cache": self.feature_cache,
             "prefetch": self.prefetch,
             "cache_rows": self.cache_rows,
+            "structure": self.structure,
+            **(
+                {
+                    "stage_rows": self.stage_rows,
+                    "stage_batches": self.stage_batches,
+                    "stage_overlap": self.stage_overlap,
+                }
+                if self.stage_rows
+                else {}
+            ),
             **({"eval_batch_size": self.eval_batch_size} if self.eval_batch_size else {}),
             "mapped_files_fit": self.mapped_files_fit,
             "must_fit_mb": round(self.must_fit / 2**20, 1),
@@ -194,17 +235,46 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
 
 
 CACHE_PART = "hot-feature cache"
+PAGES_PART = "feature pages one batch reads (mmap)"
+STAGE_PART = "staged rows (2 superbatches)"
+STRUCTURE_RAM, STRUCTURE_MMAP = "graph structure (in RAM)", "graph structure (mmap)"
+
+
+def _block_bytes(shape: BatchShape) -> int:
+    return sum(e * 8 * 4 for e in shape.edges)  # src, dst, the block's CSC and edge ids: int64 each
 
 
 def estimate(
-    w: Workload, feature_cache: str, prefetch: int, budget: Budget, cache_rows: int = 0
+    w: Workload,
+    feature_cache: str,
+    prefetch: int,
+    budget: Budget,
+    cache_rows: int = 0,
+    structure: str = "mmap",
+    stage_rows: int = 0,
+    stage_batches: int = 1,
+    stage_overlap: bool = STAGE_OVERLAP,
 ) -> MemoryPlan:
+    """feature_cache=read: stage_rows per staging buffer (0 = the largest batch's rows) and superbatches of
+    up to stage_batches batches. structure: memory (the CSC read into RAM) | mmap."""
     s = w.sizes
-    cache_rows = cache_rows if feature_cache == "mmap" else 0
+    cache_rows = cache_rows if feature_cache in ("mmap", "read") else 0
     rows = max(w.train.input_rows, w.evals.input_rows)
     slots = prefetch + 2 if prefetch > 0 else 1
     cast = s.feat_itemsize != BYTES  # fp16/bf16 features are cast to float32 after the gather
     mapped_features = s.feature_bytes if feature_cache == "mmap" else 0
+    stage = {}
+    if feature_cache == "read":
+        prefetch, slots = 0, 1  # the stager reads ahead itself; gathers from its buffers run inline
+        stage_rows = max(int(stage_rows), rows)
+        buffers = 2 if stage_overlap else 1
+        stage = {
+            STAGE_PART: buffers * stage_rows * s.row_bytes + s.num_nodes * 5,  # + node -> row map, mark array
+            "superbatch blocks": buffers * stage_batches * _block_bytes(w.train),
+            "read buffers": READ_BUFFERS,
+        }
+    else:
+        stage_rows, stage_batches = 0, 0
     parts = {
         "process now": w.anon_now,
         "features in RAM": s.feature_bytes if feature_cache == "memory" else 0,
@@ -213,17 +283,25 @@ def estimate(
         "batch working set": max(_step_bytes(s, w.train, True), _step_bytes(s, w.evals, False)),
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
         "trainer overhead (measured constant)": TRAINER_OVERHEAD,
+        **stage,
         **({CACHE_PART: FeatureStore.cache_cost(s.num_nodes, s.row_bytes, cache_rows)} if cache_rows else {}),
-        "graph structure (mmap)": s.csc_bytes,
+        (STRUCTURE_RAM if structure == "memory" else STRUCTURE_MMAP): s.csc_bytes,
         # Training batches, not the once-an-epoch evaluation pass, decide whether the page cache thrashes.
-        "feature pages one batch reads (mmap)": int(mapped_features * _pages_touched(s, w.train.input_rows)),
+        **(
+            {PAGES_PART: int(mapped_features * _pages_touched(s, w.train.input_rows))}
+            if mapped_features
+            else {}
+        ),
     }
-    mapped = ("graph structure (mmap)", "feature pages one batch reads (mmap)")
+    mapped = (STRUCTURE_MMAP, PAGES_PART)
     anon = sum(v for k, v in parts.items() if k not in mapped)
     # RSS also counts the mapped pages already touched, the CSC, and feature pages read through the mmap.
-    rss = anon + w.mapped_now + s.csc_bytes + mapped_features
-    must_fit = anon + sum(parts[k] for k in mapped)
-    return MemoryPlan(feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes)
+    rss = anon + w.mapped_now + (s.csc_bytes if structure == "mmap" else 0) + mapped_features
+    must_fit = anon + sum(parts.get(k, 0) for k in mapped)
+    return MemoryPlan(
+        feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes,
+        structure=structure, stage_rows=stage_rows, stage_batches=stage_batches, stage_overlap=stage_overlap,
+    )  # fmt: skip
 
 
 def _pages_touched(s: Sizes, rows: int) -> float:
@@ -233,29 +311,59 @@ def _pages_touched(s: Sizes, rows: int) -> float:
 
 
 def plan(
-    w: Workload, feature_cache: str, prefetch: int, budget: Budget, cache_rows: int = 0
+    w: Workload,
+    feature_cache: str,
+    prefetch: int,
+    budget: Budget,
+    cache_rows: int = 0,
+    resident_ok: bool = True,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan to run with and what was decided to get there (one line each): features in RAM only
-    when that fits (feature_cache=auto), prefetch shrunk to fit, then a hot-feature cache of up to
-    cache_rows rows in what is left (memory-mapped features only). The plan may still not fit."""
+    when that fits (feature_cache=auto; else read a superbatch ahead), the graph structure in RAM when it
+    fits (resident_ok), prefetch shrunk to fit, a hot-feature cache of up to cache_rows rows, then the
+    staging buffers in what is left. The plan may still not fit."""
     decisions = []
-    caches = ["memory", "mmap"] if feature_cache == "auto" else [feature_cache]
+    caches = ["memory", LEAN_FEATURES] if feature_cache == "auto" else [feature_cache]
+    # The CSC counts in full either way (sampling reads all of it), so it is held in RAM whenever the run
+    # fits at all; a link run's message-passing graph is its edge split's, placed by it (resident_ok=False).
+    structures = ["memory"] if resident_ok else ["mmap"]
     for cache in caches:
-        for depth in range(prefetch, -1, -1):
-            p = estimate(w, cache, depth, budget)
-            if p.fits:
+        for structure in structures:
+            for depth in range(prefetch, -1, -1):
+                p = estimate(w, cache, depth, budget, structure=structure)
+                if not p.fits:
+                    continue
                 if feature_cache == "auto":
                     decisions.append(
                         "features in RAM: they fit the memory budget"
                         if cache == "memory"
-                        else "features memory-mapped: held in RAM they would not fit the memory budget"
+                        else "features read from disk a superbatch ahead: held in RAM they would not fit "
+                        "the memory budget"
                     )
-                if depth < prefetch:
+                if depth < prefetch and cache != "read":
                     decisions.append(f"prefetch {prefetch} -> {depth}: a deeper prefetch would not fit")
                 if cache_rows > 0:
                     p = _with_cache(w, p, cache_rows, decisions)
+                if cache == "read":
+                    p = _with_staging(w, p)
                 return p, decisions
-    return estimate(w, caches[-1], 0, budget), decisions
+    return estimate(w, caches[-1], 0, budget, structure=structures[-1]), decisions
+
+
+def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
+    """The plan with staging buffers grown into STAGE_SHARE of what the budget leaves: as many rows per
+    buffer as that holds (up to every node), and superbatches of up to MAX_STAGE_BATCHES batches whose
+    blocks take no more than a fifth of it."""
+    s = w.sizes
+    buffers = 2 if p.stage_overlap else 1
+    room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
+    block = max(_block_bytes(w.train), 1)
+    batches = int(max(1, min(MAX_STAGE_BATCHES, room // 5 // (buffers * block))))
+    room -= buffers * (batches - 1) * block
+    rows = min(s.num_nodes, p.stage_rows + room // (buffers * max(s.row_bytes, 1)))
+    return estimate(
+        w, p.feature_cache, p.prefetch, p.budget, p.cache_rows, p.structure, rows, batches, p.stage_overlap
+    )
 
 
 def plan_eval_batches(
@@ -266,22 +374,27 @@ def plan_eval_batches(
     prefetch: int,
     budget: Budget,
     cache_rows: int = 0,
+    resident_ok: bool = True,
 ) -> tuple[MemoryPlan, list[str], Workload]:
     """plan() with evaluation batches of `asked` seeds; while that does not fit, with the evaluation batches
     (the largest) halved, down to `floor` seeds (train.eval_batch_size=0: the training batch size; set by
     the user: `asked`, they stay). workload_at(seeds) gives the workload at that evaluation batch size.
     Returns the plan (its eval_batch_size the size chosen), its decisions and the workload planned."""
     size, w = asked, workload_at(asked)
-    p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows)
+    p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
     while not p.fits and size // 2 >= floor:
         size //= 2
         w = workload_at(size)
-        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows)
+        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
+    why = "larger ones would not fit the memory budget"
+    if p.fits and p.feature_cache == LEAN_FEATURES and size > floor:
+        # Features read ahead: what larger evaluation batches would hold goes to longer superbatches.
+        size, w = floor, workload_at(floor)
+        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
+        why = "with features read from disk, the memory goes to longer superbatches instead"
     if p.fits and size != asked:
         decisions.insert(
-            0,
-            f"evaluation batches {asked:,} -> {size:,} seeds (train.eval_batch_size=0, auto): "
-            "larger ones would not fit the memory budget",
+            0, f"evaluation batches {asked:,} -> {size:,} seeds (train.eval_batch_size=0, auto): {why}"
         )
     return replace(p, eval_batch_size=size), decisions, w
 
@@ -289,13 +402,13 @@ def plan_eval_batches(
 def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -> tuple[str, str]:
     """(what is wrong, how to fix it) for a plan that does not fit its budget."""
     budget = p.budget
-    lean = estimate(w, "mmap", 0, budget)
+    lean = estimate(w, LEAN_FEATURES, 0, budget)
     what = (
-        f"train needs about {gb(p.must_fit)} (features {'in RAM' if p.feature_cache == 'memory' else 'memory-mapped'}, "
+        f"train needs about {gb(p.must_fit)} (features {p.features_said()}, "
         f"prefetch {p.prefetch}) but its memory budget is {gb(budget.bytes)} ({budget.why})"
     )
-    if lean.fits:
-        return what, f"use train.feature_cache=auto (memory-mapped features fit: {gb(lean.must_fit)})"
+    if lean.fits and p.feature_cache != LEAN_FEATURES:
+        return what, f"use train.feature_cache=auto (features read from disk fit: {gb(lean.must_fit)})"
     fix = fitting_settings(w, batch_size, eval_batch_size, budget)
     return what, (
         f"it would fit with {fix}"
@@ -305,12 +418,12 @@ def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -
 
 
 def fitting_settings(w: Workload, batch_size: int, eval_batch_size: int, budget: Budget) -> str | None:
-    """Override suggestions that would fit (the leanest plan: features mmap'd, no prefetch), or None."""
+    """Override suggestions that would fit (the leanest plan: features read ahead, no prefetch), or None."""
     train_bs = batch_size
     while train_bs >= 16:
         # Evaluation batches first come down to the training size: they are the largest.
         eval_bs = min(eval_batch_size, train_bs)
-        p = estimate(w.scaled(train_bs / batch_size, eval_bs / eval_batch_size), "mmap", 0, budget)
+        p = estimate(w.scaled(train_bs / batch_size, eval_bs / eval_batch_size), LEAN_FEATURES, 0, budget)
         if p.fits:
             keys = [f"train.batch_size={train_bs}"] if train_bs != batch_size else []
             return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])
@@ -322,7 +435,7 @@ def _with_cache(w: Workload, p: MemoryPlan, rows: int, decisions: list[str]) -> 
     """The plan with the largest hot-feature cache up to `rows` that still fits, the choice said."""
     s = w.sizes
     asked = gb(FeatureStore.cache_cost(s.num_nodes, s.row_bytes, rows))
-    if p.feature_cache != "mmap":
+    if p.feature_cache == "memory":
         decisions.append(
             f"hot-feature cache off (train.cache_gb, {asked}): the features are held in RAM, every gather is "
             "a memory copy already"
@@ -337,4 +450,4 @@ def _with_cache(w: Workload, p: MemoryPlan, rows: int, decisions: list[str]) -> 
             f"hot-feature cache {asked} -> {got}: a larger one would not fit the memory budget "
             f"({gb(p.budget.bytes)}; the rest of training needs {gb(p.must_fit)})"
         )
-    return estimate(w, p.feature_cache, p.prefetch, p.budget, fit) if fit else p
+    return estimate(w, p.feature_cache, p.prefetch, p.budget, fit, p.structure) if fit else p

@@ -88,3 +88,19 @@ def summary_rows(s: dict) -> dict:
     if s.get("warnings"):
         rows["warnings"] = f"{len(s['warnings'])} (said above; listed in summary.json)"
     return rows
+
+
+def read_stats(trainer, data) -> dict:
+    """summary.json's `feature_reads` (feature_cache=read): superbatches, rows read from disk or carried
+    over from the previous superbatch, and the reader's requests and bytes, over the whole run."""
+    stager = trainer.streams["train"][0].stager
+    reader = dict(data.reader.stats)
+    rows = stager.stats()
+    useful = rows["rows_read"] * data.reader.row_bytes
+    return {
+        **rows,
+        "reader": reader,
+        "direct_io": bool(data.reader.direct),
+        # bytes the requests covered per byte of the rows wanted (coalescing reads the gaps too)
+        "read_amplification": round(reader["bytes_read"] / useful, 3) if useful else None,
+    }
