@@ -64,7 +64,7 @@ bench-profile: $(STAMP) ## gnnscale profile's predicted memory vs real train run
 bench-recommend: $(STAMP) ## gnnscale recommend, every node of a 500k-node graph, K=20: time, memory, recall vs exact
 	$(BIN)/python scripts/bench_recommend.py
 
-bench-outofcore: $(STAMP) ## sage_2hop on the 5M-node graph in a 3 GB cgroup: uncapped, capped, capped + hot-feature cache (root, ~6 GB disk)
+bench-outofcore: $(STAMP) ## sage_2hop on the 5M-node graph, uncapped vs a 3 GB cgroup, default memory settings, 3 rounds (root, ~6 GB disk)
 	$(BIN)/python scripts/bench_outofcore.py
 
 bench-link: $(STAMP) ## task=link on Cora / CiteSeer (../shared/data) and the synthetic graph vs CN, Adamic-Adar, MLP

@@ -30,9 +30,9 @@ CFG_OPTION = typer.Option(False, "--cfg", help="Print the composed config and ex
 
 def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
     from gnnscale.config import compose_config
-    from gnnscale.utils.ui import err_console, set_log_interval
+    from gnnscale.utils.ui import set_log_interval
 
-    try:
+    def call() -> None:
         cfg = compose_config(stage, overrides)
         if show_cfg:
             print(OmegaConf.to_yaml(cfg, resolve=True), end="")
@@ -40,6 +40,16 @@ def _run(stage: str, overrides: list[str], show_cfg: bool) -> None:
         set_log_interval(cfg.ui.log_every_s)
         module = importlib.import_module(f"gnnscale.stages.{stage}")
         module.run(cfg)
+
+    _guarded(call)
+
+
+def _guarded(call) -> None:
+    """Run a command; a user error is one line on stderr and exit 2 (130 for Ctrl-C), never a traceback."""
+    from gnnscale.utils.ui import err_console
+
+    try:
+        call()
     except GnnscaleError as exc:
         if not getattr(exc, "reported", False):  # a rank of a multi-process job may have said it already
             err_console.print(f"error: {exc.one_line()}", markup=False, highlight=False, soft_wrap=True)
@@ -279,6 +289,32 @@ def pipeline_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
       gnnscale pipeline overwrite=true                 [dim]# rebuild, retrain and re-infer everything[/dim]
     """
     _run("pipeline", ctx.args, cfg)
+
+
+@app.command("compare")
+def compare_cmd(
+    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="Train run folders to compare."),
+    out: Path = typer.Option(None, "--out", help="Folder for compare.json and val_curves.png."),
+) -> None:
+    """Train runs side by side: the config keys they differ in, final metrics, epoch time, peak memory.
+
+    Reads each run_dir's config.yaml, summary.json and metrics.jsonl (an unfinished run shows what its
+    epochs reached) and draws their validation curves on one plot, val_curves.png, beside compare.json
+    (in --out, default runs/compare/<time>).
+
+    [bold]Examples[/bold]
+
+      gnnscale compare runs/train/20260101-120000 runs/train/20260101-130000
+
+      gnnscale compare runs/pipeline/*/train --out runs/compare/hidden
+    """
+
+    def call() -> None:
+        from gnnscale.stages import compare
+
+        compare.run([str(p) for p in run_dirs], str(out) if out else None)
+
+    _guarded(call)
 
 
 def main() -> None:

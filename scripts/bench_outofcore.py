@@ -25,8 +25,10 @@ Per run, over the training batches (first batch start to last batch end): seeds/
 (/proc/self/io read_bytes, which counts O_DIRECT reads too) against the bytes of the rows each batch
 gathers, major page faults, the time split; over the whole child: peak anonymous memory (RssAnon,
 sampled every 50 ms) against the plan's budget, the cgroup's own peak; summary.json's feature_reads
-(superbatches, rows read / carried over, read amplification). The disk probe's numbers
-(storage/disk_probe.py, cached in the graph_dir) are recorded beside the runs.
+(superbatches, whole-region reads, rows read / carried over, read amplification). The disk probe
+(storage/disk_probe.py) is rerun before each round (this shared disk's rate drifts) and recorded with it; then `gnnscale profile`
+runs with the same settings inside the same cgroup, and its predicted capped seeds/s (plan.read_ahead,
+profile/read_ahead.py, from that probe) is set against the round's capped run.
 
     .venv/bin/python scripts/bench_outofcore.py                  # bench/results/outofcore.json
     .venv/bin/python scripts/bench_outofcore.py --preset 1m --batches 0 --rounds 1
@@ -42,13 +44,14 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_train import build_graph, child_memory  # noqa: E402  (bench_storage.py's graph, the same meters)
+
+from tests.cgroups import MemoryCgroup  # noqa: E402  (the test's own cgroup, made and removed here too)
 
 PRESETS = {
     "5m": {"num_nodes": 5_000_000, "avg_degree": 40.0, "feat_dim": 128, "cap_gb": 3.0},
@@ -114,74 +117,6 @@ def drop_page_cache(graph_dir: Path) -> str:
                 finally:
                     os.close(fd)
         return "fadvise"
-
-
-def _own_cgroup(controller: str | None) -> str:
-    """This process's cgroup path in the v1 hierarchy of `controller` (None: the v2 one)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if (controller is None and names == "") or (controller and controller in names.split(",")):
-            return path.lstrip("/")
-    return ""
-
-
-class MemoryCgroup:
-    """A memory cgroup this script makes and removes: v1 memory.limit_in_bytes or v2 memory.max."""
-
-    def __init__(self, limit: int):
-        self.limit, self.path, self.kind, self.why_not = limit, None, None, None
-        tried = []
-        v1 = Path("/sys/fs/cgroup/memory")
-        for parent in (v1 / _own_cgroup("memory"), v1):
-            if (parent / "cgroup.procs").is_file() and self._make(parent, "v1", "memory.limit_in_bytes"):
-                return
-            tried.append(f"v1 {parent}")
-        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-            parent = root / _own_cgroup(None)
-            ctl = parent / "cgroup.subtree_control"
-            if ctl.is_file() and "memory" in ctl.read_text().split():
-                if self._make(parent, "v2", "memory.max"):
-                    return
-            tried.append(f"v2 {parent}")
-        self.why_not = "no writable memory cgroup (tried " + ", ".join(tried) + "; needs root)"
-
-    def _make(self, parent: Path, kind: str, knob: str) -> bool:
-        path = parent / f"gnnscale-outofcore-{uuid.uuid4().hex[:8]}"
-        try:
-            path.mkdir()
-            (path / knob).write_text(str(self.limit))
-        except OSError:
-            try:
-                path.rmdir()
-            except OSError:
-                pass
-            return False
-        self.path, self.kind = path, f"cgroup {kind} {knob}"
-        return True
-
-    def join(self) -> None:
-        """In the child, before exec: move it into the group."""
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
-
-    def peak_bytes(self) -> int | None:
-        for name in ("memory.max_usage_in_bytes", "memory.peak"):
-            f = self.path / name
-            if f.is_file():
-                return int(f.read_text())
-        return None
-
-    def reset_peak(self) -> None:
-        f = self.path / "memory.max_usage_in_bytes"
-        if f.is_file():
-            f.write_text("0")
-
-    def remove(self) -> None:
-        for _ in range(100):  # the exited child's pages are uncharged asynchronously
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
 
 
 # ---------------------------------------------------------------- a run (child side)
@@ -304,10 +239,15 @@ def run(name: str, graph_dir: Path, scratch: Path, args, cgroup: MemoryCgroup | 
         preexec_fn=cgroup.join if cgroup is not None else None,
         capture_output=True, text=True, timeout=args.run_timeout,
     )  # fmt: skip
-    row = {"overrides": spec["overrides"], "page_cache_dropped": dropped, "exit_code": proc.returncode,
-           "child_wall_s": round(time.time() - t0, 1)}  # fmt: skip
+    row = {
+        "overrides": spec["overrides"],
+        "page_cache_dropped": dropped,
+        "exit_code": proc.returncode,
+        "child_wall_s": round(time.time() - t0, 1),
+        "load_avg_1min_after": round(os.getloadavg()[0], 2),
+    }  # fmt: skip  (other work on the machine)
     if cgroup is not None:
-        row["cap_gb"] = round(cgroup.limit / 1e9, 2)
+        row["cap_gb"] = round(cgroup.limit_bytes / 1e9, 2)
         peak = cgroup.peak_bytes()
         row["cgroup_peak_gb"] = round(peak / 1e9, 3) if peak is not None else None
     if proc.returncode != 0 or not Path(spec["out"]).is_file():
@@ -317,6 +257,28 @@ def run(name: str, graph_dir: Path, scratch: Path, args, cgroup: MemoryCgroup | 
     keep = ("features", "graph structure", "memory:", "evaluation batches", "hot-feature")
     row["said"] = [" ".join(x.split()) for x in proc.stdout.splitlines() if x.strip().startswith(keep)][:6]
     return row
+
+
+def predict(graph_dir: Path, scratch: Path, args, cgroup: MemoryCgroup | None) -> dict:
+    """`gnnscale profile` with the runs' settings inside the same cgroup (its budget is the cap's): its
+    predicted seeds/s for the capped run (plan.read_ahead) and with the features in RAM (plan.speed)."""
+    drop_page_cache(graph_dir)
+    run_dir = scratch / "profile"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "-m", "gnnscale", "profile", f"graph_dir={graph_dir}", f"run_dir={run_dir}",
+           "profile.plots=false", *TRAIN, *args.extra]  # fmt: skip
+    proc = subprocess.run(cmd, preexec_fn=cgroup.join if cgroup is not None else None, capture_output=True,
+                          text=True, timeout=args.run_timeout)  # fmt: skip
+    if proc.returncode != 0:
+        return {"exit_code": proc.returncode, "error": (proc.stderr or proc.stdout)[-1500:]}
+    plan = json.loads((run_dir / "profile.json").read_text())["plan"]
+    ahead = plan.get("read_ahead") or {}
+    return {
+        "in_ram_seeds_per_s": round((plan.get("speed") or {}).get("seeds_per_s") or 0, 1),
+        "capped_seeds_per_s": ahead.get("seeds_per_s"),
+        "read_ahead": ahead,
+        "feature_cache": plan["minibatch"]["plan"]["feature_cache"],
+    }
 
 
 def _median(xs: list) -> float | None:
@@ -334,8 +296,20 @@ def summarise(rounds: list[dict]) -> dict:
         if u.get("losses") and c.get("losses"):
             equal.append(u["losses"] == c["losses"])
     capped = [r["capped"] for r in rounds if r.get("capped", {}).get("seeds_per_s")]
+    predicted = [
+        round(r["profile_prediction"]["capped_seeds_per_s"] / r["capped"]["seeds_per_s"], 3)
+        for r in rounds
+        if (r.get("profile_prediction") or {}).get("capped_seeds_per_s")
+        and r.get("capped", {}).get("seeds_per_s")
+    ]
     return {
+        "capped_seeds_per_s_median": _median([c["seeds_per_s"] for c in capped]),
+        "uncapped_seeds_per_s_median": _median(
+            [r["uncapped"]["seeds_per_s"] for r in rounds if r.get("uncapped", {}).get("seeds_per_s")]
+        ),
         "capped_vs_uncapped_per_round": ratios,
+        "profile_predicted_over_measured_per_round": predicted,
+        "profile_predicted_over_measured_median": _median(predicted),
         "capped_vs_uncapped_median": _median(ratios),
         "losses_equal_every_round": bool(equal) and all(equal),
         "capped_peak_anon_within_budget": bool(capped) and all(c["peak_anon_within_budget"] for c in capped),
@@ -389,6 +363,11 @@ def main() -> None:
     cgroup = MemoryCgroup(int(cap_gb * 1e9))
     try:
         for i in range(args.rounds):
+            probe = probe_disk(graph_dir, refresh=True)  # the shared disk's rate drifts: measured each round
+            predicted = None
+            if "capped" in wanted and cgroup.path is not None:  # from that probe, just before the runs
+                predicted = predict(graph_dir, scratch, args, cgroup)
+                print(f"round {i + 1} profile predicts: " + json.dumps({k: predicted.get(k) for k in ("in_ram_seeds_per_s", "capped_seeds_per_s", "feature_cache", "error")}), flush=True)  # fmt: skip
             order = wanted if i % 2 == 0 else wanted[::-1]
             runs: dict = {}
             for name in order:
@@ -399,7 +378,7 @@ def main() -> None:
                 runs[name] = run(name, graph_dir, scratch, args, cgroup if capped else None)
                 r = runs[name]
                 print(f"round {i + 1} {name}: " + json.dumps({k: r.get(k) for k in ("exit_code", "refused", "seeds_per_s", "disk_read_mb_per_batch", "rows_needed_mb_per_batch", "peak_anon_mb", "cgroup_peak_gb", "test_acc")}), flush=True)  # fmt: skip
-            rounds.append({"order": order, **runs})
+            rounds.append({"order": order, "disk": probe, "profile_prediction": predicted, **runs})
     finally:
         if cgroup.path is not None:
             cgroup.remove()

@@ -8,7 +8,14 @@ import json
 import gnnscale.storage.disk_probe as dp
 from gnnscale.storage.disk_probe import PROBE_FILE, probe_disk
 
-RATES = ("seq_mb_s", "rand4k_iops_qd1", "rand4k_iops_qd16", "rand4k_mb_s_qd16", "rand64k_mb_s_qd16")
+RATES = (
+    "seq_mb_s",
+    "sweep_mb_s_qd16",
+    "rand4k_iops_qd1",
+    "rand4k_iops_qd16",
+    "rand4k_mb_s_qd16",
+    "rand64k_mb_s_qd16",
+)
 QUICK = 0.05  # seconds per test: the numbers are noise, the tests check plumbing
 
 

@@ -119,7 +119,7 @@ W = Workload.now(SIZES, TRAIN, EVAL)
 
 
 def between(lo: int, hi: int) -> Budget:
-    assert hi - lo > 100e6  # far from both ends
+    assert hi - lo > 50e6  # far from both ends
     return Budget((lo + hi) // 2, "test")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from gnnscale.config import compose_config
 from gnnscale.errors import ConfigError
 from gnnscale.stages import pipeline, train
 from gnnscale.storage.run_dir import KEY_FILE
+from gnnscale.training.curves import CURVES_INCHES, DPI
 from tests.conftest import NEIGHBOURHOOD_DECIDES, TINY_SYNTHETIC, compose
 
 runner = CliRunner()
@@ -66,6 +68,10 @@ def test_runs_every_stage_and_writes_outputs(first):
     assert set(s["wall_time_s"]) == {*STAGES, "total"}
     on_disk = json.loads((root / "runs" / "first" / "summary.json").read_text())
     assert on_disk["headline"] == h and list(on_disk["stages"]) == STAGES
+    # make demo's train stage leaves its curves picture (training/curves.py: CURVES_INCHES at DPI)
+    png = (root / "runs" / "first" / "train" / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    assert struct.unpack(">II", png[16:24]) == (CURVES_INCHES[0] * DPI, CURVES_INCHES[1] * DPI)
 
 
 def test_each_stage_gets_only_its_own_config(first):

@@ -63,7 +63,7 @@ def test_staged_batches_equal_in_memory_gathers(tiny_graph, row_cap, max_batches
         store.cache_hottest(hot, open_csc(g)[0])
     inputs = random_batches(600, 23, seed=row_cap)
     torch.manual_seed(0)
-    stager = Stager(store, FeatureReader(g), row_cap, max_batches, overlap)
+    stager = Stager(store, FeatureReader(g), row_cap, max_batches, overlap, adaptive=False)
     stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, stager=stager)
     for _ in range(2):  # a second pass reuses the buffers
         seen = 0
@@ -72,10 +72,14 @@ def test_staged_batches_equal_in_memory_gathers(tiny_graph, row_cap, max_batches
             seen += 1
         assert seen == len(inputs)
     st = stager.stats()
-    # Every row was staged at least once; with two buffers rows shared with the previous superbatch were
-    # copied, not read again; with one nothing is carried.
+    # Every row was staged at least once; in halves, rows shared with the previous superbatch were copied,
+    # not read again; with one buffer nothing is carried. A batch larger than a half (up to 199 rows
+    # here) takes the whole region and carries nothing either.
     assert st["rows_read"] + st["rows_copied"] >= len(torch.unique(torch.cat(inputs))) - hot
-    assert (st["rows_copied"] > 0) == (overlap and st["superbatches"] > 2)  # 2 passes: more than one each
+    if not overlap or row_cap == 1:
+        assert st["rows_copied"] == 0 and st["whole_region_reads"] == st["superbatches"]
+    elif 200 <= row_cap < 10_000:
+        assert st["rows_copied"] > 0 and st["whole_region_reads"] == 0
     if max_batches == 1:
         assert st["superbatches"] == 2 * len(inputs)
     if row_cap >= 10_000:
@@ -83,11 +87,49 @@ def test_staged_batches_equal_in_memory_gathers(tiny_graph, row_cap, max_batches
     stream.close()
 
 
-def _run(graph, tmp_path, name: str, *extra: str) -> tuple[list[dict], dict, dict]:
+class Alternating(Stager):
+    """Halves and the whole region in turn, whatever the timings: every transition is taken."""
+
+    def observe(self, batches: int, read_s: float, compute_s: float) -> None:
+        self.switches += 1
+        self.halves = not self.halves
+
+
+def test_switching_between_halves_and_the_whole_region_keeps_every_row(tiny_graph):
+    g = GraphDir(tiny_graph)
+    in_ram, store = FeatureStore(g, in_memory=True), FeatureStore(g)
+    inputs = random_batches(600, 31, seed=7)
+    stager = Alternating(store, FeatureReader(g), 250, 4)
+    stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, stager=stager)
+    for _ in range(2):
+        assert all(torch.equal(b.x, in_ram.gather(b.input_nodes)) for b in stream)
+    st = stager.stats()
+    assert st["whole_region_reads"] > 0 and st["whole_region_reads"] < st["superbatches"]
+    assert st["rows_copied"] > 0  # halves after halves still carry shared rows
+    stream.close()
+
+
+def test_the_whole_region_is_taken_when_the_read_outweighs_compute(tiny_graph):
+    g = GraphDir(tiny_graph)
+    s = Stager(FeatureStore(g), FeatureReader(g), 100, 4)
+    s.observe(4, read_s=1.0, compute_s=0.6)  # read 0.25 s a batch, compute 0.15: halves hide it
+    assert s.halves
+    s.observe(4, read_s=1.3, compute_s=0.6)  # read over twice the compute
+    assert not s.halves and s.switches == 1
+    s.observe(4, read_s=0.4, compute_s=0.6)  # under twice, not yet under half: stays
+    assert not s.halves
+    s.observe(4, read_s=0.2, compute_s=0.6)
+    assert s.halves and s.switches == 2
+    pinned = Stager(FeatureStore(g), FeatureReader(g), 100, 4, adaptive=False)
+    pinned.observe(4, read_s=10.0, compute_s=0.1)
+    assert pinned.halves
+
+
+def _run(graph, tmp_path, name: str, *extra: str, exp: str = "sage_2hop") -> tuple[list[dict], dict, dict]:
     run_dir = tmp_path / name
     s = train.run(
         compose(
-            "train", f"graph_dir={graph}", f"run_dir={run_dir}", "+exp=sage_2hop", "train.epochs=2",
+            "train", f"graph_dir={graph}", f"run_dir={run_dir}", f"+exp={exp}", "train.epochs=2",
             "train.batch_size=64", "train.eval_batch_size=64", *extra,
         )
     )  # fmt: skip
@@ -103,6 +145,23 @@ def test_training_with_features_read_ahead_equals_features_in_ram(tiny_graph, tm
     assert [{k: r.get(k) for k in COMPUTED} for r in read] == [{k: r.get(k) for k in COMPUTED} for r in ram]
     assert w_ram.keys() == w_read.keys() and all(torch.equal(w_ram[k], w_read[k]) for k in w_ram)
     assert s_read["test_acc"] == s_ram["test_acc"]
+
+
+def test_link_training_with_features_read_equals_features_in_ram(tiny_graph, tmp_path):
+    """Link batches draw negatives from torch's RNG: staged one at a time, each sampled after the batch
+    before it computed, the run equals the in-memory one."""
+    link = ("task=link", "sampler.fanouts=[5,5]")
+    ram, _, w_ram = _run(
+        tiny_graph, tmp_path, "link_ram", *link, "train.feature_cache=memory", exp="sage_link"
+    )
+    read, s_read, w_read = _run(
+        tiny_graph, tmp_path, "link_read", *link, "train.feature_cache=read", exp="sage_link"
+    )
+    assert s_read["memory_plan"]["feature_cache"] == "read"
+    drop = ("time_s", "seeds_per_s", "sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s")
+    keep = [k for k in ram[0] if k not in drop and not k.endswith(("_s", "_per_s", "_mb"))]
+    assert [{k: r.get(k) for k in keep} for r in read] == [{k: r.get(k) for k in keep} for r in ram]
+    assert all(torch.equal(w_ram[k], w_read[k]) for k in w_ram)
 
 
 def test_auto_reads_ahead_when_features_do_not_fit(tiny_graph, tmp_path):

@@ -281,6 +281,21 @@ class DistConfig:
 DIST_SCHEMAS = {"none": DistConfig, "ddp": DistConfig, "distdgl": DistConfig}
 
 
+# ---------------------------------------------------------------- run logging (group `logger`)
+@dataclass
+class LoggerConfig:
+    # What a train run writes for people to look at; metrics.jsonl is written whatever this says (resume
+    # and summary.json read it). jsonl: plus run_dir/curves.png; tensorboard: plus event files in
+    # run_dir/tb/; none: metrics.jsonl alone.
+    kind: str = "jsonl"
+    # tensorboard: the batch loss (and gradient norm, when clipping or diagnostics compute it) every this
+    # many batches, in run_dir/tb/batches/; 0 = per epoch only
+    every_n_batches: int = 50
+
+
+LOGGER_SCHEMAS = {"jsonl": LoggerConfig, "tensorboard": LoggerConfig, "none": LoggerConfig}
+
+
 # ---------------------------------------------------------------- stages
 @dataclass
 class ShardOptions:
@@ -475,6 +490,7 @@ class TrainStageConfig(StageBase):
     sampler: Any = MISSING
     precision: Any = MISSING
     dist: Any = MISSING
+    logger: Any = MISSING
     train: TrainOptions = field(default_factory=TrainOptions)
     verify: str = VERIFY_DEFAULT  # stamp | full | off: the graph_dir files it reads
 
@@ -576,6 +592,7 @@ GROUP_SCHEMAS = {
     "sampler": SAMPLER_SCHEMAS,
     "precision": PRECISION_SCHEMAS,
     "dist": DIST_SCHEMAS,
+    "logger": LOGGER_SCHEMAS,
 }
 
 _registered = False

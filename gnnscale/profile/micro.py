@@ -46,8 +46,25 @@ def _eviction_bytes() -> int:
     return min(max(2 * size, 64 << 20), 1 << 30)
 
 
+class RowsInRam:
+    """A stand-in for a FeatureStore whose rows train will hold in RAM (held, or read ahead into staging
+    buffers) while this process has them memory-mapped: random rows of the same width from an in-RAM
+    table of `nbytes` (well past the CPU caches), so the measured gather is RAM's, not the disk's."""
+
+    in_memory = True
+
+    def __init__(self, features: FeatureStore, nbytes: int = 256 << 20):
+        row_bytes = features.feat_dim * features.dtype.itemsize
+        self.num_nodes = max(1, min(features.num_nodes, nbytes // max(row_bytes, 1)))
+        self.feat_dim, self.dtype = features.feat_dim, features.dtype
+        self._rows = torch.ones((self.num_nodes, self.feat_dim), dtype=self.dtype)
+
+    def gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(self._rows, 0, ids, out=out)
+
+
 def gather_bandwidth(
-    features: FeatureStore,
+    features: FeatureStore | RowsInRam,
     rows: int = 10_000,
     min_run_time: float = 0.2,
     min_gathers: int = 5,

@@ -28,6 +28,7 @@ from gnnscale.profile.minibatch import (
     shape_layers,
     worst_case,
 )
+from gnnscale.profile.read_ahead import predict_read_ahead
 from gnnscale.profile.recommend import recommend
 from gnnscale.profile.speed import predict_speed
 from gnnscale.profile.stats import GraphStats, described_stats, graph_stats
@@ -101,7 +102,15 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
         data is not None
     ):  # after the memory plan, which reads this process's heap: the probe's buffers stay out
         k = max(1, int(cfg.profile.probe_batches))
-        speed = predict_speed(cfg.model, data, samplers["train"][0], model.dims, batch_size, device, k)
+        in_ram = minibatch["plan"]["feature_cache"] in ("memory", "read")  # where train will gather from
+        speed = predict_speed(
+            cfg.model, data, samplers["train"][0], model.dims, batch_size, device, k, in_ram
+        )
+    read_ahead = (
+        predict_read_ahead(data, samplers["train"][0], minibatch["plan"], batch_size, speed["step_s"])
+        if speed is not None
+        else None
+    )
     return {
         "graph": stats.as_dict(),
         "model": {
@@ -118,6 +127,8 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
         "full_graph": full,
         "minibatch": minibatch,
         "speed": speed,  # predicted seeds/s (profile/speed.py); None for a described graph
+        # features read from disk a superbatch ahead (profile/read_ahead.py); None when they are not
+        "read_ahead": read_ahead,
         "recommendation": rec,
         "budget": {"bytes": int(budget.bytes), "gb": round(budget.bytes / 1e9, 3), "why": budget.why},
     }

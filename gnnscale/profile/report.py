@@ -77,6 +77,12 @@ def summary_rows(report: dict) -> dict:
     measured = report.get("measured")
     if plan.get("speed"):
         rows["predicted seeds/s"] = round(plan["speed"]["seeds_per_s"])
+    ahead = plan.get("read_ahead")
+    if ahead:
+        rows["predicted seeds/s, features read from disk"] = (
+            f"{round(ahead['seeds_per_s'])} (bound: {ahead['bound']}; {ahead['read_bytes_per_batch'] / 1e6:.0f} MB "
+            f"read per batch at {ahead['disk'].get('sweep_mb_s_qd16') or ahead['disk']['seq_mb_s']:.0f} MB/s)"
+        )
     if measured:
         steps = measured["steps"]
         rows["measured seeds/s"] = (

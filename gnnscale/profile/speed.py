@@ -14,7 +14,7 @@ import torch
 
 from gnnscale.errors import DataError
 from gnnscale.profile.cost import batch_layers, predict_seeds_per_s, projection_shapes
-from gnnscale.profile.micro import gather_bandwidth, matmul_flops
+from gnnscale.profile.micro import RowsInRam, gather_bandwidth, matmul_flops
 from gnnscale.sampling import build_loader
 from gnnscale.sampling.batch import Batch
 from gnnscale.training.memory_plan import BatchShape
@@ -74,12 +74,23 @@ def endless(loader) -> Iterator[Batch]:
             )
 
 
-def predict_speed(model_cfg, data, sampler, dims, batch_size: int, device: torch.device, k: int = 5) -> dict:
+def predict_speed(
+    model_cfg,
+    data,
+    sampler,
+    dims,
+    batch_size: int,
+    device: torch.device,
+    k: int = 5,
+    rows_in_ram: bool = False,
+) -> dict:
     """Seeds/s of `gnnscale train` with this sampler and model, predicted before any training: k probed
     batches (sampling time, mean shape), the gather bandwidth at that batch's rows and the matmul rate
-    at its layers' shapes, put together by cost.predict_seeds_per_s."""
+    at its layers' shapes, put together by cost.predict_seeds_per_s. rows_in_ram: train will gather from
+    RAM (features held there, or read ahead) while they are memory-mapped here: measured on RowsInRam."""
     probe = probe_sampling(data.g, data.splits["train"], sampler, batch_size, k, len(dims) - 1)
-    bw = gather_bandwidth(data.features, rows=probe.shape.input_rows)
+    store = RowsInRam(data.features) if rows_in_ram and not data.features.in_memory else data.features
+    bw = gather_bandwidth(store, rows=probe.shape.input_rows)
     flops = matmul_flops(device, projection_shapes(probe.shape, dims))
     p = predict_seeds_per_s(
         min(batch_size, len(data.splits["train"])),

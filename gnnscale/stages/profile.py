@@ -37,6 +37,7 @@ from gnnscale.utils.ui import info, summary_table
 
 def run(cfg: DictConfig) -> dict:
     opts = cfg.profile
+    _check_described(float(opts.num_nodes))
     torch.set_num_threads(int(cfg.train.num_threads) or cpu_count())
     budget = resolve_budget(opts.memory_budget, "profile.memory_budget")
     kinds = _compared_kinds(cfg) if opts.compare_samplers else []  # a bad name fails before the plan runs
@@ -65,6 +66,17 @@ def run(cfg: DictConfig) -> dict:
         show_comparison(report["comparison"])
     info(f"profile: {run_dir / 'profile.json'}")
     return {**report, "run_dir": str(run_dir)}
+
+
+def _check_described(num_nodes: float) -> None:
+    """0 profiles graph_dir, a positive count a described graph; a negative one is neither (it would send
+    the user looking for a graph_dir they never meant)."""
+    if not num_nodes >= 0:  # NaN too
+        raise ConfigError(
+            f"profile.num_nodes={num_nodes:g} is not a node count",
+            "give the described graph's node count, e.g. profile.num_nodes=1e9 profile.avg_degree=50, "
+            "or leave it 0 to profile graph_dir",
+        )
 
 
 def _measure(cfg: DictConfig, run_dir: Path, predicted: dict, data) -> dict:

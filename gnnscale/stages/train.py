@@ -28,6 +28,7 @@ from gnnscale.training.build import build_samplers, build_trainer, preflight
 from gnnscale.training.cache_stats import CacheHitRate
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
 from gnnscale.training.diagnostics import build_diagnostics
+from gnnscale.training.loggers import build_loggers
 from gnnscale.training.options import pick_device
 from gnnscale.training.phases import resolve_epochs, resolve_phases, uses_phases
 from gnnscale.training.precision import Precision
@@ -87,7 +88,7 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
-        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end, sync) + rank_callbacks
+        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end, sync, run_dir) + rank_callbacks
         cache_stats = CacheHitRate(data.features) if data.features.cache_rows else None
         callbacks += [cache_stats] if cache_stats is not None else []
         peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
@@ -131,15 +132,14 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
     return {**summary, "run_dir": str(run_dir)}
 
 
-def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync) -> list:
-    """The console progress, the health diagnostics (train.diagnostics, rank 0's batches) and the caller's
-    epoch hook."""
+def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync, run_dir: Path) -> list:
+    """The console progress, the health diagnostics (train.diagnostics, rank 0's batches), the loggers
+    (curves.png, TensorBoard: logger=) and the caller's epoch hook."""
     callbacks = [ConsoleProgress(bar, int(cfg.train.epochs), metric)]
     diagnostics = build_diagnostics(cfg, data, metric) if sync.rank == 0 and data.edges is None else None
-    if diagnostics is not None:
-        callbacks.append(diagnostics)
-    if on_epoch_end is not None:
-        callbacks.append(EpochHook(on_epoch_end))
+    callbacks += [diagnostics] if diagnostics is not None else []
+    callbacks += build_loggers(cfg, run_dir, metric, f"{cfg.model.arch} on {data.name}", sync.rank)
+    callbacks += [EpochHook(on_epoch_end)] if on_epoch_end is not None else []
     return callbacks
 
 

@@ -2,9 +2,10 @@
 
 The training side sets the reads it plans against what the disk can deliver (a superbatch read in
 long sequential runs or in many small random ones, with how many in flight), and the time split says
-how far the wait is from the disk's rate. Four numbers, each from `seconds` of reads:
+how far the wait is from the disk's rate. Five numbers, each from `seconds` of reads:
 
-- sequential MB/s with 16 MiB requests, one at a time (what coalesced dense reads approach);
+- sequential MB/s with 16 MiB requests, one at a time, and with 4 MiB requests, 16 in flight (what the
+  reader's coalesced dense reads do);
 - random 4 KiB reads per second with 1 and with 16 in flight (a page fault is the first; the reader's
   sparse sets the second);
 - random 64 KiB MB/s with 16 in flight (coalesced sparse reads).
@@ -34,8 +35,9 @@ from gnnscale.storage.meta import read_meta
 from gnnscale.utils.atomic import write_json
 
 PROBE_FILE = "disk_probe.json"
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 SEQ_REQUEST = 16 << 20
+SWEEP_REQUEST = 4 << 20  # the reader's largest coalesced request (FeatureReader's max_request_bytes)
 SMALL_BYTES = 64 << 20  # below this the random reads revisit the same blocks: noisy, marked "small"
 CHECK_EVERY = 64  # requests between clock reads in the timed loops
 PLAN_CHUNK = 4096  # random offsets drawn at once by numpy: the timed loop only reads
@@ -113,6 +115,7 @@ def measure(files: list[Path], seconds: float) -> dict:
         if not direct:
             _drop_cached(fds)
         seq = _sequential(fds, sizes, seconds, direct)
+        sweep = _sweep(fds, sizes, seconds, direct)
         r4_1 = _random(fds, sizes, 4096, 1, seconds, direct)
         r4_16 = _random(fds, sizes, 4096, 16, seconds, direct)
         r64_16 = _random(fds, sizes, 64 << 10, 16, seconds, direct)
@@ -122,6 +125,7 @@ def measure(files: list[Path], seconds: float) -> dict:
     result = {
         "direct": direct,
         "seq_mb_s": round(seq / 1e6, 1),
+        "sweep_mb_s_qd16": round(sweep / 1e6, 1),
         "rand4k_iops_qd1": round(r4_1[0]),
         "rand4k_iops_qd16": round(r4_16[0]),
         "rand4k_mb_s_qd16": round(r4_16[1] / 1e6, 1),
@@ -164,6 +168,44 @@ def _sequential(fds: list[int], sizes: np.ndarray, seconds: float, direct: bool)
     finally:
         view.release()
         buf.close()
+
+
+def _sweep(fds: list[int], sizes: np.ndarray, seconds: float, direct: bool, in_flight: int = 16) -> float:
+    """Bytes/s of what the reader does with a dense superbatch: SWEEP_REQUEST reads front to back through
+    the files, `in_flight` threads each taking the next request (a disk that streams better with several
+    requests queued shows it here, not in the one-at-a-time sequential number)."""
+    if not direct:
+        _drop_cached(fds)
+    chunks = [(i, off) for i, size in enumerate(sizes.tolist()) for off in range(0, size, SWEEP_REQUEST)]
+    if not chunks:
+        return 0.0
+    cursor, lock = [0], threading.Lock()
+    got = [0] * in_flight
+    deadline = time.perf_counter() + seconds
+
+    def worker(k: int) -> None:
+        buf = aligned_buffer(SWEEP_REQUEST)
+        view = memoryview(buf)
+        try:
+            while time.perf_counter() < deadline:
+                with lock:
+                    j = cursor[0]
+                    cursor[0] += 1
+                if j >= len(chunks) and not direct:  # buffered: a second pass would be cached
+                    return
+                f, off = chunks[j % len(chunks)]
+                got[k] += read_into(fds[f], view, off, direct)
+        finally:
+            view.release()
+            buf.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(in_flight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(got) / (time.perf_counter() - t0)
 
 
 def _random(

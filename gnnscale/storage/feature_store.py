@@ -140,10 +140,12 @@ class FeatureStore:
         """(hits, misses) so far: rows served from the cache, rows read from the shards."""
         return self.hits, self.misses
 
-    def all_finite(self, chunk: int = 1 << 16) -> bool:
-        """No NaN or inf in the in-memory matrix, checked by chunk (a full bool mask costs N x F bytes)."""
+    def all_finite(self, chunk_bytes: int = 8 << 20) -> bool:
+        """No NaN or inf in the in-memory matrix, checked by chunk: isfinite's temporaries are a few times
+        the chunk, so chunks are sized in bytes (a fixed row count grows them with the feature width)."""
         if self._full is None:
             return True
+        chunk = max(1, chunk_bytes // max(self.feat_dim * self.dtype.itemsize, 1))
         return all(
             bool(torch.isfinite(self._full[lo : lo + chunk]).all()) for lo in range(0, self.num_nodes, chunk)
         )

@@ -32,8 +32,9 @@ from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
 
-# Keys that steer where and whether a run continues, not what it computes.
-_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides", "ui", "verify")  # verify: how data is checked
+# Keys that steer where and whether a run continues, not what it computes (verify: how its data is
+# checked; logger: what is written about it).
+_RUN_KEYS = ("run_dir", "resume", "overwrite", "cli_overrides", "ui", "verify", "logger")
 
 
 def hashable_cfg(cfg: DictConfig) -> dict:
@@ -144,11 +145,12 @@ def preflight(
 
 def build_stager(data: TrainData, lookahead: bool = True) -> Stager | None:
     """feature_cache=read: one stager for a run's streams (they never run at once, so they share its
-    buffers). lookahead=False: one batch per superbatch (samplers that draw from torch's RNG mid-epoch)."""
+    buffers). lookahead=False: one batch per superbatch, sampled after the one before computed (samplers that
+    draw from torch's RNG mid-epoch)."""
     if data.feature_cache != "read":
         return None
     rows, batches, overlap = data.stage
-    return Stager(data.features, data.reader, rows, batches if lookahead else 1, overlap)
+    return Stager(data.features, data.reader, rows, batches, overlap, lookahead=lookahead)
 
 
 def loss_blocks_layers(cfg: DictConfig) -> int:

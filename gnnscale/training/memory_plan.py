@@ -12,7 +12,7 @@ memory-mapped features, the pages one training batch reads (below that the kerne
 next batch needs, and every batch goes back to disk).
 
 Features that do not fit in RAM are read a superbatch ahead (feature_cache=read, training/staging.py):
-two staging buffers, a node -> row map and the blocks of the batches sampled ahead; the buffers get
+a staging region of two halves, a node -> row map and the blocks of the batches sampled ahead; the region gets
 what the budget leaves (STAGE_SHARE of it), which sets how many batches a superbatch spans. The graph
 structure is held in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
 
@@ -50,9 +50,12 @@ STAGE_SHARE = 0.9
 # A superbatch spans at most this many batches: past that the disk is read at full speed anyway (the
 # union of many batches covers most of the file) and only the held blocks grow.
 MAX_STAGE_BATCHES = 64
-# Double buffering (the next superbatch read while this one computes) against one buffer of twice the
-# rows, read while the model waits: see README "Graphs larger than memory" for the measurement.
+# A staging region of two halves (the next superbatch read while this one computes, or the whole region
+# for one twice as long when the disk is the bound, chosen while training) against one buffer.
 STAGE_OVERLAP = True
+# Index arrays per staged row (its node id, its place in the buffer's order, the mark array's nonzero index):
+# a 5M-node bench run peaked 98 MB over the plan that left them and the held batches' node ids out.
+STAGED_ROW_INDEX = 3 * 8
 LEAN_FEATURES = "read"  # the placement of the leanest plan: features read ahead into small buffers
 
 
@@ -157,9 +160,9 @@ class MemoryPlan:
     feature_bytes: int = 0  # the whole feature matrix
     eval_batch_size: int = 0  # seeds per evaluation batch, when the plan settled it (0 = not settled here)
     structure: str = "mmap"  # memory | mmap: where the graph structure (CSC) is read from
-    stage_rows: int = 0  # feature_cache=read: rows one staging buffer holds
+    stage_rows: int = 0  # feature_cache=read: rows one half of the staging region holds
     stage_batches: int = 0  # feature_cache=read: the most batches one superbatch spans
-    stage_overlap: bool = True  # feature_cache=read: two buffers, the next read while one computes
+    stage_overlap: bool = True  # feature_cache=read: two halves, the next read while one computes
 
     @property
     def fits(self) -> bool:
@@ -187,9 +190,14 @@ class MemoryPlan:
 
     def features_said(self) -> str:
         if self.feature_cache == "read":
+            halves = (
+                f"2 x {self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])} staged: the next superbatch "
+                "read while one trains, or one of twice the rows when the disk is the bound"
+            )
+            one = f"{self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])} staged"
             return (
-                f"read a superbatch ahead (up to {self.stage_batches} batches, {self.stage_rows:,} rows per "
-                f"buffer, {'2 buffers' if self.stage_overlap else '1 buffer'}, {gb(self.parts[STAGE_PART])} staged)"
+                f"read a superbatch ahead (up to {self.stage_batches} batches, "
+                f"{halves if self.stage_overlap else one})"
             )
         return "in RAM" if self.feature_cache == "memory" else "memory-mapped"
 
@@ -241,7 +249,9 @@ STRUCTURE_RAM, STRUCTURE_MMAP = "graph structure (in RAM)", "graph structure (mm
 
 
 def _block_bytes(shape: BatchShape) -> int:
-    return sum(e * 8 * 4 for e in shape.edges)  # src, dst, the block's CSC and edge ids: int64 each
+    """A batch sampled ahead: its blocks (src, dst, the block's CSC and edge ids: int64 each per edge) and
+    its input-node ids with their uncached copy (int64 each per row)."""
+    return sum(e * 8 * 4 for e in shape.edges) + shape.input_rows * 8 * 2
 
 
 def estimate(
@@ -269,8 +279,10 @@ def estimate(
         stage_rows = max(int(stage_rows), rows)
         buffers = 2 if stage_overlap else 1
         stage = {
-            STAGE_PART: buffers * stage_rows * s.row_bytes + s.num_nodes * 5,  # + node -> row map, mark array
-            "superbatch blocks": buffers * stage_batches * _block_bytes(w.train),
+            # + node -> row map and mark array, and per staged row its id, buffer order and mark index (int64)
+            STAGE_PART: buffers * stage_rows * (s.row_bytes + STAGED_ROW_INDEX) + s.num_nodes * 5,
+            # the next superbatch is sampled while the current one's rows are read: two are held
+            "superbatch blocks": 2 * stage_batches * _block_bytes(w.train),
             "read buffers": READ_BUFFERS,
         }
     else:
@@ -351,16 +363,19 @@ def plan(
 
 
 def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
-    """The plan with staging buffers grown into STAGE_SHARE of what the budget leaves: as many rows per
-    buffer as that holds (up to every node), and superbatches of up to MAX_STAGE_BATCHES batches whose
-    blocks take no more than a fifth of it."""
+    """The plan with the staging region grown into STAGE_SHARE of what the budget leaves: as many rows as
+    that holds (up to every node), and superbatches of up to MAX_STAGE_BATCHES batches whose blocks take
+    no more than a fifth of the staging memory (the rows the leanest plan stages already included: its
+    halves hold the largest batch, an evaluation one, which training superbatches then fill)."""
     s = w.sizes
     buffers = 2 if p.stage_overlap else 1
     room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
     block = max(_block_bytes(w.train), 1)
-    batches = int(max(1, min(MAX_STAGE_BATCHES, room // 5 // (buffers * block))))
-    room -= buffers * (batches - 1) * block
-    rows = min(s.num_nodes, p.stage_rows + room // (buffers * max(s.row_bytes, 1)))
+    staged = buffers * p.stage_rows * (s.row_bytes + STAGED_ROW_INDEX)
+    batches = min(MAX_STAGE_BATCHES, (room + staged) // 5 // (2 * block), 1 + room // (2 * block))
+    batches = int(max(1, batches))
+    room -= 2 * (batches - 1) * block
+    rows = min(s.num_nodes, p.stage_rows + room // (buffers * (s.row_bytes + STAGED_ROW_INDEX)))
     return estimate(
         w, p.feature_cache, p.prefetch, p.budget, p.cache_rows, p.structure, rows, batches, p.stage_overlap
     )
@@ -388,7 +403,10 @@ def plan_eval_batches(
         p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
     why = "larger ones would not fit the memory budget"
     if p.fits and p.feature_cache == LEAN_FEATURES and size > floor:
-        # Features read ahead: what larger evaluation batches would hold goes to longer superbatches.
+        # Features read ahead: the disk sets the pace, not the batch size, and what larger evaluation batches
+        # would hold (their gather buffer and activations) makes superbatches longer instead: on the 5M-node
+        # bench, 4,096-seed evaluation batches cost a third of the capped training speed. Other batches draw
+        # other neighbours, so val / test metrics differ (within sampling noise) from the in-RAM run's.
         size, w = floor, workload_at(floor)
         p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
         why = "with features read from disk, the memory goes to longer superbatches instead"

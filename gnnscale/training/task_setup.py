@@ -18,9 +18,11 @@ def task_name(cfg: DictConfig) -> str:
 
 def check_task(cfg: DictConfig) -> None:
     """The train.* settings, and task=link's, before any data is read (exit 2 with one line)."""
+    from gnnscale.training.loggers import check_logger
     from gnnscale.training.options import check_train_cfg
 
     check_train_cfg(cfg)
+    check_logger(cfg)
     if task_name(cfg) != "link":
         return
     from gnnscale.sampling.link import check_link_sampler
@@ -59,11 +61,32 @@ def load_task_data(cfg: DictConfig) -> TrainData:
     """The task's training data: node labels and splits, or (task=link) the edge split and its graph."""
     degree = cfg.model.degree_feature
     if task_name(cfg) == "link":
-        return load_link_data(
+        data = load_link_data(
             cfg.graph_dir, cfg.task, int(cfg.seed), int(cfg.model.hidden), cfg.verify, degree
         )
+        check_held_out(data.edges, cfg.task)
+        return data
     needs_labels(cfg.graph_dir)
     return load_train_data(cfg.graph_dir, verify=cfg.verify, degree_feature=degree)
+
+
+def check_held_out(split, task_cfg) -> None:
+    """task=link: an edge split that holds out no val and no test edge would train, pick best.pt on nothing
+    and report "n/a": exit 2 instead, naming the counts and what would give it edges to score."""
+    num_val, num_test = int(split.val.shape[1]), int(split.test.shape[1])
+    if num_val or num_test:
+        return
+    source = (
+        f"task.split_file={task_cfg.split_file}"
+        if task_cfg.get("split_file")
+        else f"task.val_fraction={task_cfg.val_fraction:g} and task.test_fraction={task_cfg.test_fraction:g}"
+    )
+    raise ConfigError(
+        f"the edge split '{split.name}' holds out 0 validation and 0 test edges ({split.num_train:,} training "
+        f"edges, from {source}): nothing to select the best epoch on or to score",
+        "use a graph with more edges, raise task.val_fraction / task.test_fraction, or give "
+        "task.split_file= a file that lists val and test edges",
+    )
 
 
 def few_labels_profile(cfg: DictConfig, data: TrainData) -> tuple[DictConfig, dict]:

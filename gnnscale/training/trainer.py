@@ -82,6 +82,12 @@ class Callback:
 
     def on_stop(self, reason: str) -> None: ...
 
+    def on_fit_end(self, result: FitResult) -> None:
+        """After the best weights were scored on val and test (a resumed run with no epochs left too)."""
+
+    def close(self) -> None:
+        """The run ends, finished or not (Trainer.close): let go of open files."""
+
 
 @dataclass
 class FitResult:
@@ -352,7 +358,7 @@ class Trainer:
         )
         reseed(self._seed(0, _TEST_STREAM + 1))
         test = evaluate(self.model, self.streams["test"], self.task, self.precision, self.sync)
-        return FitResult(
+        result = FitResult(
             records=read_metrics(self.run_dir) or history,
             best_val=self.best_val,
             best_epoch=self.best_epoch,
@@ -362,8 +368,13 @@ class Trainer:
             test=test,
             checkpoint=best if best.is_file() else checkpoint_file(self.run_dir, LAST),
         )
+        for cb in self.callbacks:
+            cb.on_fit_end(result)
+        return result
 
     def close(self) -> None:
         for s in self.streams.values():
             for stream in s if isinstance(s, (list, tuple)) else [s]:
                 stream.close()
+        for cb in self.callbacks:  # after the streams: their sampler threads stop whatever a callback does
+            cb.close()
