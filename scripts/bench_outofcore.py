@@ -355,7 +355,6 @@ def main() -> None:
     args.out = args.out or str(ROOT / "bench" / "results" / f"outofcore{suffix}.json")
     graph_dir = find_graph(Path(args.graph_dir), args.reorder)
     verify_graph_dir(graph_dir, "stamp")  # the stamps once here, so no run pays for the first hash
-    disk = probe_disk(graph_dir)
     scratch = Path(args.graph_dir).parent / f"runs_outofcore{suffix}"
     scratch.mkdir(parents=True, exist_ok=True)
     wanted = args.only.split(",") if args.only else ["uncapped", "capped"]
@@ -402,7 +401,6 @@ def main() -> None:
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "disk_probe": disk,
         "summary": summary,
         "rounds": rounds,
     }

@@ -94,10 +94,9 @@ class Stager:
         self.read_s = 0.0
 
     @property
-    def held_bytes(self) -> int:
-        """What the stager itself holds (the region as allocated, the map and the mark array)."""
-        region = 0 if self._region is None else self._region.numel() * self._region.element_size()
-        return region + self._slot.numel() * 4 + self._mark.nbytes
+    def _region_rows(self) -> int:
+        """The region's planned rows: two halves with overlap, else one."""
+        return self._half_rows * (2 if self.overlap else 1)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -168,8 +167,9 @@ class Stager:
 
     def _ensure_region(self) -> torch.Tensor:
         if self._region is None:
-            rows = self._half_rows * (2 if self.overlap else 1)
-            self._region = torch.empty((rows, self.features.stored_dim), dtype=self.features.dtype)
+            self._region = torch.empty(
+                (self._region_rows, self.features.stored_dim), dtype=self.features.dtype
+            )
         return self._region
 
     def _whole(self, rows: int) -> torch.Tensor:
@@ -177,7 +177,7 @@ class Stager:
         if self._region is not None and self._region.shape[0] < rows:
             self._region = None  # free the old one before allocating its successor
         if self._region is None:
-            size = max(rows, self._half_rows * (2 if self.overlap else 1))
+            size = max(rows, self._region_rows)
             self._region = torch.empty((size, self.features.stored_dim), dtype=self.features.dtype)
         return self._region
 
