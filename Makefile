@@ -67,7 +67,7 @@ bench-recommend: $(STAMP) ## gnnscale recommend, every node of a 500k-node graph
 bench-outofcore: $(STAMP) ## sage_2hop on the 5M-node graph, uncapped vs a 3 GB cgroup, default memory settings, 3 rounds (root, ~6 GB disk)
 	$(BIN)/python scripts/bench_outofcore.py
 
-bench-link: $(STAMP) ## task=link on Cora / CiteSeer (../shared/data) and the synthetic graph vs CN, Adamic-Adar, MLP
+bench-link: $(STAMP) ## task=link on Cora / CiteSeer / tolokers (../shared/data) and the synthetic graph vs CN, AA, RA, MLP
 	$(BIN)/python scripts/bench_link.py
 
 clean: ## Remove generated graphs, runs and benchmark scratch (keeps .venv)

@@ -108,6 +108,11 @@ class LinkTaskConfig(TaskConfig):
     negative_sampler: str = "uniform"  # uniform | degree (degree^0.75, as word2vec and PinSAGE)
     in_batch_negatives: bool = False  # also score each source against the batch's other destinations
     decoder: str = "dot"  # dot | mlp (on the endpoints' elementwise product)
+    # the decoder also reads each pair's common neighbours, Adamic-Adar and resource allocation (exact, from
+    # the message-passing graph: no val / test edge reaches them); dot: a small MLP of them added to <a, b>
+    pair_features: bool = False
+    # rank every evaluation's positives by CN / AA / RA too, reported beside the model (4 B per edge of RAM)
+    heuristics: bool = True
     loss: str = "bce"  # bce | margin (hinge on pos - neg, margin 1)
     # negatives each val / test positive is ranked against (OGB protocol); 0 = all nodes, filtered (known
     # edges of the source other than the target are no negatives: configs/task/link.yaml)

@@ -26,7 +26,7 @@ from gnnscale.utils.diskspace import ensure_space
 FORMAT_VERSION = 1
 KNOWN_VERSIONS = (1,)
 REQUIRED_KEYS = ("model", "model_cfg", "graph")
-LINK_DECODER = "link_decoder."  # the state-dict prefix of task=link's decoder=mlp weights
+LINK_DECODER = "link_decoder."  # the state-dict prefix of task=link's decoder weights (mlp, or pair counts)
 # Beside the checkpoints: {file name: [sha256, ...]}, the hashes a checkpoint file may have. While a file is
 # being replaced both its old and new hash are listed, so a run killed at any point leaves a pair that
 # checks; a changed byte matches neither.
@@ -134,7 +134,9 @@ class LoadedCheckpoint:
     weights_hash: str
     epoch: int | None
     task: str = "node"  # link: the last layer is an embedding of width num_classes, not class logits
-    decoder: str = "dot"  # task=link: mlp when a trained pair decoder (link_decoder.*) scored the pairs
+    # task=link: mlp when a trained pair decoder (link_decoder.*) scored the pairs; dot+counts when the
+    # inner product had a learned term of the pair's structural counts added (task.pair_features)
+    decoder: str = "dot"
 
     @property
     def num_layers(self) -> int:
@@ -191,8 +193,16 @@ def load_model(path: Path) -> LoadedCheckpoint:
         weights_hash=weights_hash(ckpt["model"]),
         epoch=int(epoch) if epoch is not None else None,
         task=str(ckpt.get("task", "node")),
-        decoder="mlp" if len(state) < len(ckpt["model"]) else "dot",
+        decoder=_decoder_kind(ckpt["model"], num_classes),
     )
+
+
+def _decoder_kind(state: dict, width: int) -> str:
+    """A pair MLP reads a * b (the embedding width, plus any counts); a count head only the few counts."""
+    first = state.get(LINK_DECODER + "net.0.weight")
+    if first is None:
+        return "dot"
+    return "dot+counts" if first.shape[1] < width else "mlp"
 
 
 def check_fits_graph(ck: LoadedCheckpoint, graph) -> None:

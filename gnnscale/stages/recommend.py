@@ -52,6 +52,11 @@ def run(cfg: DictConfig) -> dict:
             f"warning: {emb_path} comes from a task.decoder=mlp model; the top-K here are by inner product, "
             "not that decoder's score (train with task.decoder=dot for recommendations that match it)"
         )
+    elif emb_info and emb_info.get("decoder") == "dot+counts":
+        info(
+            f"note: {emb_path} comes from a model that adds a term of each pair's common-neighbour counts to "
+            "the inner product (task.pair_features); the top-K here are by inner product alone"
+        )
     run_dir = make_run_dir(cfg, "recommend")
     directed, queries = bool(graph.meta["directed"]), graph.num_nodes if nodes is None else len(nodes)
     # mapped writes (SIGBUS on a full disk, not ENOSPC): refuse up front

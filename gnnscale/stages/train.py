@@ -18,7 +18,6 @@ from gnnscale.dist.ddp import launched, local_rank, local_world, start_sync
 from gnnscale.dist.launch import check_ddp_cfg, launch_ranks
 from gnnscale.dist.split import dist_summary, rank_budget, rank_share
 from gnnscale.errors import MemoryBudgetError
-from gnnscale.sampling import set_sampling_threads
 from gnnscale.stages.common import cpu_count, metered
 from gnnscale.storage.lock import run_dir_lock
 from gnnscale.storage.run_dir import SAMPLER_CACHE, make_run_dir, write_summary
@@ -27,6 +26,7 @@ from gnnscale.training.alloc import keep_heap_warm
 from gnnscale.training.build import build_samplers, build_trainer, preflight
 from gnnscale.training.cache_stats import CacheHitRate
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
+from gnnscale.training.cpu_math import configure_cpu
 from gnnscale.training.diagnostics import build_diagnostics
 from gnnscale.training.loggers import build_loggers
 from gnnscale.training.options import pick_device
@@ -146,8 +146,7 @@ def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync
 def _setup_process(cfg: DictConfig, sync: Sync) -> int:
     keep_heap_warm()
     threads = int(cfg.train.num_threads) or max(1, cpu_count() // local_world())  # ranks share the cores
-    torch.set_num_threads(threads)
-    set_sampling_threads(threads)  # DGL's OpenMP team is its own: seeded and sized apart from torch's
+    configure_cpu(threads)  # torch's and DGL's thread teams (training/cpu_math.py)
     return threads
 
 

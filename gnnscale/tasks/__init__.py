@@ -26,8 +26,10 @@ def _node(train_cfg, data, device: torch.device, task_cfg=None) -> NodeClassific
 
 def _link(train_cfg, data, device: torch.device, task_cfg=None):
     from gnnscale.tasks.link import LinkPrediction
+    from gnnscale.tasks.pair_features import PairStructure
 
-    return LinkPrediction(task_cfg)
+    wanted = bool(task_cfg.get("pair_features", False)) or bool(task_cfg.get("heuristics", True))
+    return LinkPrediction(task_cfg, PairStructure.of_split(data.edges) if wanted else None)
 
 
 # name -> factory(train_cfg, TrainData, device, task_cfg) -> task

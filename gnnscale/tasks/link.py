@@ -4,11 +4,17 @@ negative pair scores, and ranking metrics (tasks/link_metrics.py) over held-out 
 The model is the usual GNN whose last layer outputs `model.hidden`-wide embeddings (no class head), so
 `infer` writes the embeddings as for any checkpoint. decoder=dot scores a pair by the inner product of
 its embeddings; decoder=mlp by a small MLP on their elementwise product (its weights ride along in the
-model's state as `link_decoder.*`). loss=bce: binary cross-entropy with positives 1 and negatives 0;
+model's state as `link_decoder.*`). task.pair_features adds the pair's common-neighbour, Adamic–Adar,
+resource-allocation and degree-product counts (tasks/pair_features.py), which two embeddings cannot express:
+decoder=dot adds a small MLP of them to the inner product, decoder=mlp reads them beside a * b.
+Every evaluation also ranks its positives by each of those four heuristics alone, on the same negatives,
+so a report shows whether the model beats them. loss=bce: binary cross-entropy with positives 1 and negatives 0;
 loss=margin: the hinge max(0, 1 - s_pos + s_neg) for each positive and each of its negatives.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +25,8 @@ from gnnscale.models import build_model
 from gnnscale.models.checkpoint import LINK_DECODER
 from gnnscale.sampling.batch import Batch
 from gnnscale.sampling.link import POSITIVES
-from gnnscale.tasks.link_metrics import check_link_metric, link_scores
+from gnnscale.tasks.link_metrics import check_link_metric, link_scores, ranking_scores, ranks
+from gnnscale.tasks.pair_features import PAIR_FEATURES, PairStructure, encode
 
 DECODERS = ("dot", "mlp")
 LOSSES = ("bce", "margin")
@@ -43,6 +50,11 @@ def check_link_cfg(task_cfg) -> None:
         raise ConfigError(
             f"task.positives={task_cfg.positives!r} is not known", f"choose one of {', '.join(POSITIVES)}"
         )
+    if task_cfg.get("pair_features") and task_cfg.in_batch_negatives:
+        raise ConfigError(
+            "task.pair_features does not score in-batch negatives (their counts are not gathered)",
+            "set task.in_batch_negatives=false or task.pair_features=false",
+        )
     if task_cfg.in_batch_negatives and task_cfg.decoder != "dot":
         raise ConfigError(
             "task.in_batch_negatives needs task.decoder=dot",
@@ -51,25 +63,49 @@ def check_link_cfg(task_cfg) -> None:
 
 
 class PairMLP(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, 1))
+    """Scores a pair from its endpoints' elementwise product, and its `extra` structural counts if any."""
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def __init__(self, dim: int, extra: int = 0):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim + extra, dim), nn.ReLU(), nn.Linear(dim, 1))
+
+    def forward(self, h: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        if counts is not None:
+            h = torch.cat([h, counts.to(h)], -1)
         return self.net(h).squeeze(-1)
+
+
+class CountHead(nn.Module):
+    """decoder=dot with pair counts: a small MLP of the counts added to the inner product (cheap to rank
+    against many negatives: one [B, E] product plus this on [B, E, 4], where an MLP on a * b is [B, E, dim])."""
+
+    def __init__(self, extra: int, width: int = 32):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(extra, width), nn.ReLU(), nn.Linear(width, 1))
+
+    def forward(self, counts: torch.Tensor) -> torch.Tensor:
+        return self.net(counts).squeeze(-1)
 
 
 class LinkPrediction:
     name = "link"
 
-    def __init__(self, task_cfg):
+    def __init__(self, task_cfg, structure: PairStructure | None = None):
+        """`structure`: the message-passing graph's pair counts (the decoder's input with task.pair_features,
+        and the heuristics every evaluation reports); None reports no heuristics."""
         check_link_cfg(task_cfg)
+        self.pair_features = bool(task_cfg.get("pair_features", False))
+        if self.pair_features and structure is None:
+            raise ValueError("task.pair_features needs the split's PairStructure")
+        self.structure = structure
+        self._heuristic_ranks: dict[str, torch.Tensor] = {}  # evaluation batch -> its CN / AA / RA / PA ranks
         self.metric = str(task_cfg.metric)
         self.decoder_kind = str(task_cfg.decoder)
         self.loss_kind = str(task_cfg.loss)
         self.k = int(task_cfg.num_negatives)
         self.in_batch = bool(task_cfg.in_batch_negatives)
         self.decoder: PairMLP | None = None
+        self.count_head: CountHead | None = None
         # decoder=dot's scale: 1 (a plain inner product). Measured on Cora: 1 / sqrt(width) with lr 0.01 let
         # the embeddings collapse (loss stuck at log 2); the plain product at lr 0.005 trains steadily.
         self.scale = 1.0
@@ -81,21 +117,36 @@ class LinkPrediction:
     def build_model(self, model_cfg, in_dim: int):
         """The GNN with an embedding head (model.hidden wide), plus the pair decoder's weights if any."""
         model = build_model(model_cfg, in_dim, int(model_cfg.hidden))
+        extra = len(PAIR_FEATURES) if self.pair_features else 0
         if self.decoder_kind == "mlp":
-            self.decoder = PairMLP(int(model_cfg.hidden))
+            self.decoder = PairMLP(int(model_cfg.hidden), extra)
+        elif extra:
+            self.count_head = CountHead(extra)
+        module = self.decoder if self.decoder is not None else self.count_head
+        if module is not None:
             # trained, saved and restored with the GNN (models/checkpoint.LINK_DECODER: infer leaves it out)
-            model.add_module(LINK_DECODER.rstrip("."), self.decoder)
+            model.add_module(LINK_DECODER.rstrip("."), module)
         return model
 
-    def pair_scores(self, h: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-        """decoder=dot: the inner product <a, b> (what a top-K inner-product search over the embeddings ranks by);
-        decoder=mlp: the MLP on a * b."""
+    def pair_scores(
+        self, h: torch.Tensor, pairs: torch.Tensor, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """decoder=dot: the inner product <a, b> (what a top-K inner-product search over the embeddings ranks by),
+        plus with task.pair_features a learned term of the pair's counts; decoder=mlp: the MLP on a * b, and
+        with task.pair_features the counts. `pairs` index rows of h; `ids` are those rows' global node ids
+        (needed for the counts)."""
         a, b = h[pairs[0]], h[pairs[1]]
-        return self.decoder(a * b) if self.decoder is not None else (a * b).sum(-1) * self.scale
+        counts = None
+        if self.pair_features:
+            counts = encode(self.structure.pairs(ids[pairs[0]], ids[pairs[1]])).to(h)
+        if self.decoder is None:
+            dot = (a * b).sum(-1) * self.scale
+            return dot if counts is None else dot + self.count_head(counts)
+        return self.decoder(a * b, counts)
 
     def _scores(self, out: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         h = b.outputs(out).float()
-        pos, neg = self.pair_scores(h, b.pos_pairs), self.pair_scores(h, b.neg_pairs)
+        pos, neg = self.pair_scores(h, b.pos_pairs, b.seeds), self.pair_scores(h, b.neg_pairs, b.seeds)
         if self.in_batch and b.pos_pairs.shape[1] > 1:
             # Every source against the batch's other destinations (those equal to its own are masked).
             u, v = b.pos_pairs
@@ -126,27 +177,47 @@ class LinkPrediction:
 
     @torch.no_grad()
     def collect(self, out: torch.Tensor, b: Batch) -> tuple:
-        """Positive scores [B] and the scores against the batch's shared negatives [B, E] (the positive's
-        own destination, and for filtered ranking b.neg_known, masked as NaN), on the CPU."""
+        """Positive scores [B], the scores against the batch's shared negatives [B, E] (the positive's own
+        destination, and for filtered ranking b.neg_known, masked as NaN), and each positive's rank under
+        each heuristic of PAIR_FEATURES on the same negatives [B, 4] (None without a structure), on the CPU."""
         h = out.float()
         u, v = b.pos_pairs
-        pos = self.pair_scores(h, b.pos_pairs)
+        pos = self.pair_scores(h, b.pos_pairs, b.seeds)
         hn = h[b.neg_dst]
+        masked = (b.neg_dst[None, :] == v[:, None]).cpu()
+        if b.neg_known is not None:  # known edges of each source: no negatives (filtered ranking)
+            masked[b.neg_known[0].cpu(), b.neg_known[1].cpu()] = True
+        key = _pairs_key(b, masked) if self.structure is not None else None
+        grid = None
+        if self.pair_features or (key is not None and key not in self._heuristic_ranks):
+            grid = self.structure.grid(b.seeds[u], b.seeds[b.neg_dst])  # [B, E, 4] raw counts
         if self.decoder is None:
             neg = h[u] @ hn.T * self.scale
+            if self.count_head is not None:
+                neg = neg + self.count_head(encode(grid).to(h))
         else:
             neg = torch.cat(
                 [
-                    self.decoder(h[u[i : i + _EVAL_ROWS], None, :] * hn[None])
+                    self.decoder(
+                        h[u[i : i + _EVAL_ROWS], None, :] * hn[None],
+                        encode(grid[i : i + _EVAL_ROWS]) if self.pair_features else None,
+                    )
                     for i in range(0, len(u), _EVAL_ROWS)
                 ]
             )
-        neg = neg.masked_fill(b.neg_dst[None, :] == v[:, None], float("nan"))
-        if b.neg_known is not None:  # known edges of each source: no negatives (filtered ranking)
-            neg[b.neg_known[0], b.neg_known[1]] = float("nan")
-        return pos.cpu(), neg.cpu()
+        neg = neg.cpu().masked_fill(masked, float("nan"))
+        if key is not None and key not in self._heuristic_ranks:
+            # The same pairs and negatives every evaluation of a split (seeded): ranked once per run.
+            own = self.structure.pairs(b.seeds[u], b.seeds[v])
+            grid = grid.masked_fill(masked[..., None], float("nan"))
+            self._heuristic_ranks[key] = torch.stack(
+                [ranks(own[:, k], grid[:, :, k]) for k in range(len(PAIR_FEATURES))], 1
+            )
+        return pos.cpu(), neg, self._heuristic_ranks.get(key)
 
     def score(self, collected: list[tuple]) -> dict:
+        """The model's link metrics and loss; beside them each heuristic's ranking metrics ("cn_mrr", ...: its
+        ROC-AUC is not computed, as the ranks are kept per batch, not every pair's count)."""
         if not collected:
             return {self.metric: float("nan"), "loss": float("nan")}
         pos = torch.cat([c[0] for c in collected])
@@ -156,4 +227,17 @@ class LinkPrediction:
         logits = torch.cat([pos, valid])
         target = torch.cat([torch.ones_like(pos), torch.zeros_like(valid)])
         out["loss"] = float(F.binary_cross_entropy_with_logits(logits, target))
+        if all(c[2] is not None for c in collected):
+            heuristic = torch.cat([c[2] for c in collected])
+            for k, name in enumerate(PAIR_FEATURES):
+                out |= {f"{name}_{m}": value for m, value in ranking_scores(heuristic[:, k]).items()}
         return out
+
+
+def _pairs_key(b: Batch, masked: torch.Tensor) -> str:
+    """An evaluation batch's identity: its positives' and negatives' global ids and the masked pairs."""
+    u, v = b.pos_pairs
+    digest = hashlib.blake2b(digest_size=16)
+    for t in (b.seeds[u], b.seeds[v], b.seeds[b.neg_dst], masked):
+        digest.update(t.cpu().numpy().tobytes())
+    return digest.hexdigest()

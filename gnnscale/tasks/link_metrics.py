@@ -49,12 +49,16 @@ def ranks(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     return 1.0 + above + 0.5 * ties
 
 
+def ranking_scores(r: torch.Tensor) -> dict:
+    """MRR and Hits@K from the positives' 1-based ranks."""
+    if len(r) == 0:
+        return {m: float("nan") for m in LINK_METRICS if m != "auc"}
+    r = r.double()
+    return {"mrr": float((1.0 / r).mean()), **{f"hits@{k}": float((r <= k).double().mean()) for k in HITS_K}}
+
+
 def link_scores(pos: torch.Tensor, neg: torch.Tensor) -> dict:
     """Every link metric from positive scores [P] and negative scores [P, E] (NaN entries masked)."""
     if len(pos) == 0:
         return dict.fromkeys(LINK_METRICS, float("nan"))
-    r = ranks(pos, neg)
-    out = {"auc": roc_auc(pos.numpy(), neg.numpy()), "mrr": float((1.0 / r).mean())}
-    for k in HITS_K:
-        out[f"hits@{k}"] = float((r <= k).double().mean())
-    return out
+    return {"auc": roc_auc(pos.numpy(), neg.numpy()), **ranking_scores(ranks(pos, neg))}

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gnnscale.training.alloc import release_free_heap
+from gnnscale.training.cpu_math import FLUSH_EVERY, flush_subnormals
 from gnnscale.training.sync import SINGLE, Sync
 
 TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")
@@ -79,6 +80,8 @@ def train_epoch(
         scaler.step(optimizer)
         scaler.update()
         scheduler.step()
+        if (steps + 1) % FLUSH_EVERY == 0:
+            flush_subnormals(params, optimizer)  # training/cpu_math.py: subnormal weights slow the CPU math
         sync.after_step(last)
         t3 = time.perf_counter()
         n = task.num_scored(b)

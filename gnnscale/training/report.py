@@ -82,6 +82,12 @@ def summary_rows(s: dict) -> dict:
         "peak RSS (MB)": s["peak_rss_mb"],
         "wall time (s)": s["wall_time_s"],
     }
+    heuristics = s.get("test_heuristics")
+    if heuristics:
+        hm = m if m != "auc" else "mrr"  # heuristics are ranked, not scored: no ROC-AUC
+        rows[f"test {hm}: model / CN / AA / RA / PA"] = " / ".join(
+            fmt(v) for v in (s.get(f"test_{hm}"), *(heuristics[h].get(hm) for h in ("cn", "aa", "ra", "pa")))
+        )
     diag = {k: v for k, v in (s.get("diagnostics") or {}).items() if v is not None}
     if diag:
         rows["health (last epoch)"] = "  ".join(f"{k.removeprefix('diag_')} {v:.3f}" for k, v in diag.items())

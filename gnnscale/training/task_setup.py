@@ -46,15 +46,49 @@ def needs_labels(graph_dir) -> None:
 
 
 def link_summary(cfg: DictConfig, data, result) -> dict:
-    """task=link: every link metric of the best weights on val and test, and the edge split they used."""
+    """task=link: every link metric of the best weights on val and test, the edge split they used, and the
+    test ranking metrics of common neighbours / Adamic-Adar / resource allocation / preferential attachment
+    on the same negatives (`test_heuristics`), with one line when one ranks better than the model."""
     from gnnscale.tasks.link_metrics import LINK_METRICS
     from gnnscale.tasks.metrics import finite_or_none
+    from gnnscale.tasks.pair_features import PAIR_FEATURES
 
     out = {"task": "link", "edge_split": data.edges.name, "eval_negatives": int(cfg.task.eval_negatives)}
     for split, scores in (("val", result.val), ("test", result.test)):
         for m in LINK_METRICS:
             out[f"{split}_{m}"] = finite_or_none(scores.get(m, float("nan")))
+    heuristics = {
+        h: {m: finite_or_none(result.test[f"{h}_{m}"]) for m in LINK_METRICS if f"{h}_{m}" in result.test}
+        for h in PAIR_FEATURES
+    }
+    if any(heuristics.values()):
+        out["test_heuristics"] = heuristics
+        _say_if_heuristic_wins(cfg.task, out, heuristics)
     return out
+
+
+def _say_if_heuristic_wins(task_cfg, out: dict, heuristics: dict) -> None:
+    """Heuristics have ranks, no ROC-AUC: an auc-selected run is compared on MRR."""
+    m = str(task_cfg.metric) if task_cfg.metric != "auc" else "mrr"
+    model = out.get(f"test_{m}")
+    best = max(heuristics, key=lambda h: heuristics[h].get(m) or -1.0)
+    top = heuristics[best].get(m)
+    if model is not None and top is not None and top > model:
+        names = {
+            "cn": "common neighbours",
+            "aa": "Adamic-Adar",
+            "ra": "resource allocation",
+            "pa": "preferential attachment",
+        }
+        hint = (
+            ""
+            if task_cfg.get("pair_features")
+            else "; task.pair_features=true gives the decoder these counts"
+        )
+        info(
+            f"test {m}: {names[best]} alone ranks the held-out edges better than the model ({top:.4f} vs "
+            f"{model:.4f}){hint}"
+        )
 
 
 def load_task_data(cfg: DictConfig) -> TrainData:
