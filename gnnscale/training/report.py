@@ -85,8 +85,9 @@ def summary_rows(s: dict) -> dict:
     heuristics = s.get("test_heuristics")
     if heuristics:
         hm = m if m != "auc" else "mrr"  # heuristics are ranked, not scored: no ROC-AUC
-        rows[f"test {hm}: model / CN / AA / RA / PA"] = " / ".join(
-            fmt(v) for v in (s.get(f"test_{hm}"), *(heuristics[h].get(hm) for h in ("cn", "aa", "ra", "pa")))
+        names = " / ".join(h.upper() for h in heuristics)
+        rows[f"test {hm}: model / {names}"] = " / ".join(
+            fmt(v) for v in (s.get(f"test_{hm}"), *(scores.get(hm) for scores in heuristics.values()))
         )
     diag = {k: v for k, v in (s.get("diagnostics") or {}).items() if v is not None}
     if diag:
