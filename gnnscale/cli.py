@@ -208,6 +208,8 @@ def infer_cmd(
       gnnscale infer --sampled infer.fanouts=[10,10] infer.nodes=test
 
       gnnscale infer --update changes.npz              [dim]# newest cached layer-wise run[/dim]
+
+      gnnscale infer infer.edge_split=seed0-val0.05-test0.1   [dim]# link model: held-out edges unseen[/dim]
     """
     overrides = [f"infer.mode={'layerwise' if layerwise else 'sampled'}"]
     if update:
@@ -247,6 +249,11 @@ def recommend_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
     runs/infer) and the graph's CSC. Exact inner-product search (faiss) below recommend.exact_below nodes,
     an IVF index above it, tuned on a sample to reach recommend.target_recall vs exact search (reported in
     summary.json). Writes recommendations.npy (int64 \\[n, k]) + scores.npy (float32), or recommendations.csv.
+    For a link model with a pair decoder (task.pair_features, or decoder=mlp) the index's top
+    recommend.candidates and the recommend.fof_candidates friends of friends with the most common neighbours
+    are re-ranked by that decoder (recommend.rerank=auto|on|off). Embeddings inferred on an edge split
+    (infer.edge_split) are recommended on its message-passing graph, and summary.json reports recall@k and
+    NDCG@k of the held-out test partners, beside friends of friends ranked by common neighbours.
     Like every reading stage it first checks the graph_dir's files (verify=stamp|full|off) and refuses to
     start on a disk without room for its outputs.
 
@@ -259,6 +266,8 @@ def recommend_cmd(ctx: typer.Context, cfg: bool = CFG_OPTION) -> None:
       gnnscale recommend recommend.nodes=[0,17,42] recommend.metric=cosine recommend.format=csv
 
       gnnscale recommend recommend.nodes=ids.npy recommend.index=hnsw recommend.target_recall=0.98
+
+      gnnscale infer infer.edge_split=seed0-val0.05-test0.1 && gnnscale recommend   [dim]# held-out recall@20[/dim]
     """
     _run("recommend", ctx.args, cfg)
 

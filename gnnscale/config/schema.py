@@ -370,6 +370,9 @@ class InferOptions:
     write_graph: Optional[str] = None  # --update: also write the updated graph as a graph_dir here
     device: str = "cpu"
     num_threads: int = 0  # torch threads; 0 = torch's default
+    # task=link: an edge split's name (its train summary's edge_split): embeddings over that split's
+    # message-passing graph, the held-out edges unseen, for `recommend` to measure recall on them
+    edge_split: Optional[str] = None
 
 
 @dataclass
@@ -398,6 +401,12 @@ class RecommendOptions:
     chunk_size: int = 8192  # queries per search call (bounds the result buffers)
     format: str = "npy"  # npy (recommendations.npy + scores.npy) | csv (recommendations.csv)
     num_threads: int = 0  # faiss OpenMP threads; 0 = faiss's default
+    # auto: re-rank when the embeddings' checkpoint has a pair decoder (task.pair_features or decoder=mlp):
+    # the search's top `candidates` joined with the `fof_candidates` friends of friends with the most
+    # common neighbours, scored by that decoder | on | off (inner product / cosine only)
+    rerank: str = "auto"
+    candidates: int = 100
+    fof_candidates: int = 100
 
 
 @dataclass

@@ -23,6 +23,8 @@ from gnnscale.inference.outputs import (
 )
 from gnnscale.inference.update import update_layers
 from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph
+from gnnscale.storage.csc import open_csc
+from gnnscale.storage.edge_split import open_edge_split
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, LAYERS, PREDICTIONS
@@ -51,6 +53,11 @@ def check_options(opts) -> None:
         raise ConfigError(
             "--update re-runs layer-wise inference; it cannot be combined with --sampled", "drop --sampled"
         )
+    if opts.edge_split and (opts.changes or opts.mode != "layerwise"):
+        raise ConfigError(
+            "infer.edge_split applies to a plain layer-wise run",
+            "drop --update / --sampled or infer.edge_split",
+        )
     if opts.write_graph and not opts.changes:
         raise ConfigError(
             "infer.write_graph only applies to --update", "add --update changes.npz or drop infer.write_graph"
@@ -75,6 +82,20 @@ def open_graph(graph_dir, ck: LoadedCheckpoint) -> GraphDir:
     graph = GraphDir(graph_dir)
     check_fits_graph(ck, graph)
     return graph
+
+
+def message_passing_csc(graph: GraphDir, ck: LoadedCheckpoint, edge_split: str | None):
+    """The CSC inference runs over: the graph's, or an edge split's message-passing graph (val / test
+    edges left out, as the link model saw the graph while it trained)."""
+    if not edge_split:
+        return open_csc(graph)
+    if ck.task != "link":
+        raise ConfigError(
+            f"infer.edge_split={edge_split} needs a task=link checkpoint; {ck.path} is task={ck.task}",
+            "drop infer.edge_split",
+        )
+    split = open_edge_split(graph, edge_split)
+    return split.indptr, split.indices
 
 
 def input_features(graph: GraphDir, ck: LoadedCheckpoint, indptr) -> FeatureStore:

@@ -36,6 +36,9 @@ def check_options(opts) -> None:
             )
     if not 0.0 < float(opts.target_recall) <= 1.0:
         raise ConfigError(f"recommend.target_recall={opts.target_recall} is outside (0, 1]", "use e.g. 0.95")
+    for key in ("candidates", "fof_candidates"):
+        if int(opts[key]) < 0:
+            raise ConfigError(f"recommend.{key}={opts[key]} is negative", f"set recommend.{key}>=0")
 
 
 def check_k(k: int, num_nodes: int) -> None:

@@ -45,7 +45,11 @@ def transpose(indptr: np.ndarray, indices: np.ndarray, folder: Path) -> tuple[np
 class Neighbours:
     """Neighbour sets of query chunks as sorted (row, node) keys, and per-node degrees (both directions)."""
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, directed: bool, scratch: Path, order=None):
+    def __init__(
+        self, indptr: np.ndarray, indices: np.ndarray, directed: bool, scratch: Path, order=None, extra=()
+    ):
+        """extra: more (indptr, indices) in the graph's ids whose links are left out too (an edge split's
+        validation edges, both directions)."""
         self.num_nodes = len(indptr) - 1
         self.scratch = scratch
         # Queries and candidates are the user's ids (embedding rows); a reordered graph_dir's CSC is in its
@@ -54,6 +58,7 @@ class Neighbours:
         self.adjs = [(indptr, indices)]
         if directed:
             self.adjs.append(transpose(indptr, indices, scratch))
+        self.adjs += list(extra)
 
     def degree(self, nodes: np.ndarray) -> np.ndarray:
         """In- plus out-degree (an upper bound on the neighbour set's size; equal to it when undirected)."""
@@ -75,11 +80,16 @@ class Neighbours:
 
     def excluded(self, nodes: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """Bool [rows, c]: candidate cand[i, j] is nodes[i] itself or one of its neighbours."""
+        rows = np.broadcast_to(np.arange(len(nodes), dtype=np.int64)[:, None], cand.shape)
+        return self.excluded_pairs(nodes, rows, cand)
+
+    def excluded_pairs(self, nodes: np.ndarray, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """Bool, cand's shape: candidate cand[j] of query row rows[j] is nodes[rows[j]] or its neighbour."""
         keys = self.keys(nodes)
-        probe = np.arange(len(nodes), dtype=np.int64)[:, None] * self.num_nodes + cand
+        probe = rows * self.num_nodes + cand
         at = np.minimum(np.searchsorted(keys, probe), max(len(keys) - 1, 0))
         hit = keys[at] == probe if len(keys) else np.zeros(cand.shape, dtype=bool)
-        return hit | (cand == nodes[:, None])
+        return hit | (cand == nodes[rows])
 
     def close(self) -> None:
         self.adjs = self.adjs[:1]  # drops the transposed adjacency's memory map before its file goes

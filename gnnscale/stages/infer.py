@@ -22,6 +22,7 @@ from gnnscale.inference.job import (
     emb_layer,
     input_features,
     layerwise_summary,
+    message_passing_csc,
     open_graph,
     pick_device,
     publish_layerwise,
@@ -31,7 +32,6 @@ from gnnscale.inference.sampled import run_sampled
 from gnnscale.inference.update_run import open_update, run_update
 from gnnscale.models.checkpoint import load_model
 from gnnscale.stages.common import metered, stage_options
-from gnnscale.storage.csc import open_csc
 from gnnscale.storage.run_dir import EMB_INFO, SUMMARY, find_checkpoint, make_run_dir, write_summary
 from gnnscale.storage.verify import verify_graph_dir
 from gnnscale.utils.diskspace import ensure_space
@@ -56,11 +56,14 @@ def run(cfg: DictConfig) -> dict:
         return _report({**summary, **meter.stats()}, run_dir)
     ensure_space(run_dir, _disk_bytes(ck, graph, opts))  # mapped writes: refuse up front
     with metered() as meter:
-        indptr, indices = open_csc(graph)
+        indptr, indices = message_passing_csc(graph, ck, opts.edge_split)
         model = ck.model.to(device)
         adj, features = Adjacency(indptr, indices), input_features(graph, ck, indptr)
         layers = compute_layers(model, adj, features, run_dir, graph.num_nodes, opts, device)
-        out = publish_layerwise(run_dir, layers, ck, graph, opts, layer, {"delta": None, "base_run": None})
+        split = {"edge_split": opts.edge_split} if opts.edge_split else {}
+        out = publish_layerwise(
+            run_dir, layers, ck, graph, opts, layer, {"delta": None, "base_run": None, **split}
+        )
     return _report(layerwise_summary("layerwise", ck, graph, layers, out, meter.stats()), run_dir)
 
 

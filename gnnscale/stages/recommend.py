@@ -19,8 +19,8 @@ from gnnscale.recommend.index import choose_kind
 from gnnscale.recommend.inputs import check_k, check_options, graph_dir_of, open_embeddings, query_nodes
 from gnnscale.recommend.job import recommend
 from gnnscale.recommend.output import output_bytes
+from gnnscale.recommend.ranking import open_ranking
 from gnnscale.stages.common import metered, stage_options
-from gnnscale.storage.csc import open_csc
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import SUMMARY, find_embeddings, make_run_dir, write_summary
 from gnnscale.storage.verify import verify_graph_dir
@@ -40,29 +40,21 @@ def run(cfg: DictConfig) -> dict:
     check_k(opts.k, graph.num_nodes)
     nodes = query_nodes(opts.nodes, graph.num_nodes)
     verify_graph_dir(graph.path, cfg.verify, meta=graph.meta)  # exit 2 naming a bad file
-    csc = open_csc(graph)
+    ranking, csc = open_ranking(opts, emb_info, graph, emb.shape[1])
     kind, why = choose_kind(opts.index, graph.num_nodes, int(opts.exact_below))
     if emb_info and emb_info.get("graph_shards_sha256") not in (
         None,
         [s["sha256"] for s in graph.meta["shards"]],
     ):
         info(f"warning: {emb_path} was computed on another version of {graph.path} (shard checksums differ)")
-    if emb_info and emb_info.get("decoder") == "mlp":
-        info(
-            f"warning: {emb_path} comes from a task.decoder=mlp model; the top-K here are by inner product, "
-            "not that decoder's score (train with task.decoder=dot for recommendations that match it)"
-        )
-    elif emb_info and emb_info.get("decoder") == "dot+counts":
-        info(
-            f"note: {emb_path} comes from a model that adds a term of each pair's common-neighbour counts to "
-            "the inner product (task.pair_features); the top-K here are by inner product alone"
-        )
     run_dir = make_run_dir(cfg, "recommend")
     directed, queries = bool(graph.meta["directed"]), graph.num_nodes if nodes is None else len(nodes)
     # mapped writes (SIGBUS on a full disk, not ENOSPC): refuse up front
     ensure_space(run_dir, output_bytes(queries, int(opts.k), opts.format, csc, directed))
     with metered() as meter:
-        result = recommend(emb, csc, directed, nodes, kind, run_dir, opts, int(cfg.seed), graph.node_order)
+        result = recommend(
+            emb, csc, directed, nodes, kind, run_dir, opts, int(cfg.seed), graph.node_order, ranking
+        )
     summary = {
         "stage": "recommend",
         "embeddings": str(emb_path),
@@ -89,9 +81,22 @@ def _rows(s: dict) -> dict:
         "queries / s": s["queries_per_s"],
     }
     if s["recall"]:
-        rec, at = s["recall"], f"recall_at_{s['k']}"
-        rows[f"recall@{s['k']} vs exact"] = (
+        rec = s["recall"]
+        at = f"recall_at_{rec['k']}"
+        rows[f"index recall@{rec['k']} vs exact"] = (
             f"{rec[at]} on {rec['sample_queries']:,} queries (target {rec['target']})"
+        )
+    if s["rerank"]:
+        r = s["rerank"]
+        rows["re-ranked by"] = (
+            f"the checkpoint's {r['decoder']} decoder: the index's top {r['index_candidates']} "
+            f"+ {r['fof_candidates']} friends of friends"
+        )
+    k = s["k"]
+    for name, got in (s["held_out"] or {}).items():
+        who = "friends of friends by CN" if name == "friends_of_friends_cn" else name
+        rows[f"held-out recall / ndcg@{k}: {who}"] = (
+            f"{got[f'recall_at_{k}']} / {got[f'ndcg_at_{k}']} ({got['queries']:,} queries)"
         )
     if s["short_rows"]:
         rows["rows with < k candidates"] = s["short_rows"]
