@@ -68,7 +68,7 @@ def index_k(opts, reranked: bool) -> int:
 
 
 def recommend(
-    emb, csc, directed: bool, nodes, kind: str, run_dir: Path, opts, seed: int, order=None, ranking=None
+    emb, csc, directed: bool, nodes, run_dir: Path, opts, *, kind: str, seed: int, order=None, ranking=None
 ) -> dict:
     """order: graph_dir's NodeOrder; embeddings, queries and results are all in the user's ids."""
     ranking = ranking or Ranking()
@@ -85,7 +85,9 @@ def recommend(
     fof = None if ranking.structure is None else FriendsOfFriends(ranking.structure, nbrs, order)
     second = None
     if ranking.decoder is not None:
-        second = SecondStage(emb, ranking.decoder, ranking.structure, fof, opts.k, opts.fof_candidates, order)
+        second = SecondStage(
+            emb, ranking.decoder, ranking.structure, fof, opts.k, fof_k=opts.fof_candidates, order=order
+        )
     try:
         with make_progress() as bar:
             t0 = time.time()

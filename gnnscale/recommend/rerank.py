@@ -97,7 +97,7 @@ class SecondStage:
     """Each query's candidates: the index's, then its friends of friends, each once (not the query, not a
     neighbour: both lists already leave those out), scored by the decoder; the best k kept."""
 
-    def __init__(self, emb, decoder: PairDecoder, structure, fof, k: int, fof_k: int, order=None):
+    def __init__(self, emb, decoder: PairDecoder, structure, fof, k: int, *, fof_k: int, order=None):
         self.emb, self.decoder, self.structure, self.fof = emb, decoder, structure, fof
         self.k, self.fof_k = int(k), int(fof_k)
         self.order = None if order is None or order.identity else order

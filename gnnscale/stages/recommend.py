@@ -53,8 +53,9 @@ def run(cfg: DictConfig) -> dict:
     ensure_space(run_dir, output_bytes(queries, int(opts.k), opts.format, csc, directed))
     with metered() as meter:
         result = recommend(
-            emb, csc, directed, nodes, kind, run_dir, opts, int(cfg.seed), graph.node_order, ranking
-        )
+            emb, csc, directed, nodes, run_dir, opts,
+            kind=kind, seed=int(cfg.seed), order=graph.node_order, ranking=ranking,
+        )  # fmt: skip
     summary = {
         "stage": "recommend",
         "embeddings": str(emb_path),
