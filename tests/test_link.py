@@ -169,6 +169,60 @@ def test_negative_samplers_never_return_the_positive(kind):
     assert bool((two == 1).all())  # a draw that can only hit the positive is moved off it
 
 
+def _random_undirected(n: int, density: float, seed: int):
+    import scipy.sparse as sp
+
+    a = sp.random(n, n, density=density, random_state=seed, format="csr")
+    a = ((a + a.T) > 0).astype(np.float32)
+    a.setdiag(0)
+    a.eliminate_zeros()
+    a.sort_indices()  # as build-csr writes each row
+    return a
+
+
+def test_two_hop_negatives_are_friends_of_friends_and_never_partners():
+    from gnnscale.sampling.two_hop import TwoHopNegatives
+
+    a = _random_undirected(300, 0.02, 1)
+    dense = a.toarray() > 0
+    two = (a @ a).toarray() > 0
+    hops = TwoHopNegatives(a.indptr, a.indices.astype(np.int32))
+    torch.manual_seed(0)
+    u = torch.randint(0, 300, (5000,))
+    x = hops.draw(u)
+    found = x >= 0
+    uu, xx = u[found].numpy(), x[found].numpy()
+    assert found.float().mean() > 0.5  # most nodes have a friend of a friend who is not a friend
+    assert two[uu, xx].all() and not dense[uu, xx].any() and not (uu == xx).any()
+    v = torch.randint(0, 300, (5000,))
+    assert (hops.linked(u, v).numpy() == dense[u.numpy(), v.numpy()]).all()
+    # a star: from a leaf every other leaf is two hops away; from the centre, no one is
+    star = np.array([0, 3, 4, 5, 6]), np.array([1, 2, 3, 0, 0, 0])
+    hops = TwoHopNegatives(*star)
+    leaves = hops.draw(torch.tensor([1, 2, 3] * 50))  # -1: the walk came back to its own leaf
+    assert set(leaves.tolist()) == {-1, 1, 2, 3} and not bool((leaves == torch.tensor([1, 2, 3] * 50)).any())
+    assert set(hops.draw(torch.zeros(20, dtype=torch.int64)).tolist()) == {-1}
+
+
+def test_hard_negatives_share_and_no_change_when_off():
+    from gnnscale.sampling.two_hop import TwoHopNegatives
+
+    a = _random_undirected(300, 0.01, 2)
+    two = ((a @ a).toarray() > 0) & ~(a.toarray() > 0)
+    hops = TwoHopNegatives(a.indptr, a.indices)
+    src, dst = torch.randint(0, 300, (4000,)), torch.randint(0, 300, (4000,))
+    torch.manual_seed(3)
+    plain = NegativeSampler("uniform", 300).sample(dst, 2, src)
+    torch.manual_seed(3)
+    off = NegativeSampler("uniform", 300, hard=0.0, two_hop=hops).sample(dst, 2, src)
+    assert torch.equal(plain, off)  # hard=0: the same draws as before the option
+    torch.manual_seed(3)
+    neg = NegativeSampler("uniform", 300, hard=1.0, two_hop=hops).sample(dst, 2, src)
+    far = two[src.repeat_interleave(2).numpy(), neg.numpy()]
+    assert far.mean() > 0.8 and two[src.numpy()].mean() < 0.2  # uniform draws would rarely be two hops away
+    assert not bool((neg == dst.repeat_interleave(2)).any())
+
+
 # ---------------------------------------------------------------- metrics
 def test_roc_auc_equals_the_pairwise_definition():
     assert roc_auc(np.array([0.9, 0.4, 0.4]), np.array([0.4, 0.1])) == pytest.approx(5 / 6)
@@ -300,6 +354,8 @@ def test_all_nodes_evaluation_is_filtered_end_to_end(graph, tmp_path, monkeypatc
         ("task.val_fraction=0.5 task.test_fraction=0.6", "leaves no training edges"),
         ("task.num_negatives=0", "task.num_negatives=0 must be at least 1"),
         ("sampler=saint", "task=link does not support sampler=saint"),
+        ("task.hard_negatives=1.5", "task.hard_negatives=1.5 is outside [0, 1]"),
+        ("sampler=cluster_gcn task.hard_negatives=0.5", "does not apply to sampler=cluster_gcn"),
     ],
 )
 def test_bad_link_settings_exit_2_with_one_line(graph, tmp_path, override, words):

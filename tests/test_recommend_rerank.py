@@ -70,13 +70,14 @@ def test_recall_and_ndcg_by_hand():
     assert r["ndcg_at_3"] == pytest.approx((1.5 / (1 + 1 / np.log2(3))) / 2, abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def link_run(tmp_path_factory):
-    """A link model with pair counts on a 600-node graph, and its embeddings on the split's message-passing
-    graph."""
+@pytest.fixture(scope="module", params=[(), ("task.learned_common=true",)], ids=["counts", "learned"])
+def link_run(tmp_path_factory, request):
+    """A link model with pair counts (and a learned common-neighbour weighting) on a 600-node graph, and its
+    embeddings on the split's message-passing graph."""
     tmp = tmp_path_factory.mktemp("rerank")
     graph = build_graph(tmp, *UNLABELLED)
-    s = train_link(graph, tmp, "train", "task.pair_features=true")
+    s = train_link(graph, tmp, "train", "task.pair_features=true", *request.param)
+    s["overrides"] = list(request.param)
     out = infer.run(
         compose(
             "infer",
@@ -112,7 +113,8 @@ def test_reranked_list_is_the_decoders_ranking_of_the_candidates(link_run, tmp_p
     # The reference: the trained task's own pair score over every pair, on the split's message-passing graph.
     split = open_edge_split(GraphDir(graph_dir), s["edge_split"])
     structure = PairStructure.of_split(split)
-    task = LinkPrediction(compose_config("train", ["task=link", "task.pair_features=true"]).task, structure)
+    task_cfg = compose_config("train", ["task=link", "task.pair_features=true", *s["overrides"]]).task
+    task = LinkPrediction(task_cfg, structure)
     task.build_model(compose_config("train", ["model.hidden=16"]).model, 3)
     state = torch.load(s["checkpoint"], weights_only=True)["model"]
     task.count_head.load_state_dict(

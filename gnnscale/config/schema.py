@@ -106,11 +106,17 @@ class LinkTaskConfig(TaskConfig):
     split_file: Optional[str] = None  # .npz with val / test [P, 2] (src, dst) arrays: your own split
     num_negatives: int = 1  # sampled negatives per positive edge while training
     negative_sampler: str = "uniform"  # uniform | degree (degree^0.75, as word2vec and PinSAGE)
+    # share of the negatives drawn as friends of friends of the source that are not yet its partners (hard
+    # negatives: they teach the decoder to order the pairs that share neighbours; sampling/two_hop.py)
+    hard_negatives: float = 0.0
     in_batch_negatives: bool = False  # also score each source against the batch's other destinations
     decoder: str = "dot"  # dot | mlp (on the endpoints' elementwise product)
     # the decoder also reads each pair's common neighbours, Adamic-Adar and resource allocation (exact, from
     # the message-passing graph: no val / test edge reaches them); dot: a small MLP of them added to <a, b>
     pair_features: bool = False
+    # decoder=dot with pair_features: one more count, the common neighbours each weighted by a learned
+    # function of its degree (AA and RA are two fixed such weightings)
+    learned_common: bool = False
     # rank every evaluation's positives by CN / AA / RA too, reported beside the model (4 B per edge of RAM)
     heuristics: bool = True
     loss: str = "bce"  # bce | margin (hinge on pos - neg, margin 1)

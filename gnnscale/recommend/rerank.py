@@ -31,9 +31,16 @@ class PairDecoder:
     counts: bool  # reads the pair counts (tasks/pair_features.py)
 
     @torch.no_grad()
+    def pair_counts(self, structure, u: torch.Tensor, v: torch.Tensor) -> np.ndarray:
+        """The raw counts [P, 4 (+1)] this decoder reads for the pairs (u[i], v[i])."""
+        if self.kind == "mlp":
+            return structure.pairs(u, v).numpy()
+        return self.module.pair_counts(structure, u, v).numpy()
+
+    @torch.no_grad()
     def scores(self, hu: np.ndarray, hc: np.ndarray, counts: np.ndarray | None) -> np.ndarray:
         """float32 [B, C]: query rows hu [B, d] against their candidates hc [B, C, d] (raw counts
-        [B, C, 4] when the decoder reads them)."""
+        [B, C, 4 (+1)] when the decoder reads them)."""
         a, b = torch.from_numpy(np.ascontiguousarray(hu, np.float32)), torch.from_numpy(hc.astype(np.float32))
         x = None if counts is None else encode(torch.from_numpy(counts))
         if self.kind == "mlp":
@@ -49,8 +56,10 @@ def load_pair_decoder(ckpt: str | Path, width: int) -> PairDecoder | None:
     if not own:
         return None
     first = own["net.0.weight"]
-    if first.shape[1] < width:  # a count head reads only the counts
-        module, kind, counts = CountHead(first.shape[1], first.shape[0]), "dot+counts", True
+    if first.shape[1] < width:  # a count head reads only the counts (and with a curve, one learned count)
+        learned = any(k.startswith("curve.") for k in own)
+        head = CountHead(first.shape[1] - int(learned), first.shape[0], learned=learned)
+        module, kind, counts = head, "dot+counts", True
     else:
         extra = first.shape[1] - width
         if extra not in (0, len(PAIR_FEATURES)):
@@ -140,8 +149,9 @@ class SecondStage:
             u, v = nodes[r], ids
             if self.order is not None:
                 u, v = self.order.to_graph(u), self.order.to_graph(v)
-            counts = np.zeros(cand.shape + (len(PAIR_FEATURES),), dtype=np.float32)
-            counts[r, c] = self.structure.pairs(torch.from_numpy(u), torch.from_numpy(v)).numpy()
+            raw = self.decoder.pair_counts(self.structure, torch.from_numpy(u), torch.from_numpy(v))
+            counts = np.zeros(cand.shape + (raw.shape[1],), dtype=np.float32)
+            counts[r, c] = raw
         s = self.decoder.scores(hu, hc, counts)
         out[r, c] = s[r, c]
         return out

@@ -32,6 +32,7 @@ import torch
 
 from gnnscale.errors import ConfigError
 from gnnscale.sampling.batch import Batch
+from gnnscale.sampling.two_hop import TwoHopNegatives
 from gnnscale.storage.csc import rows_edges
 
 LINK_FORMATIONS = ("neighbor", "labor", "cluster_gcn")
@@ -48,10 +49,19 @@ def check_link_sampler(kind: str) -> None:
 
 
 class NegativeSampler:
-    """Destinations for corrupted pairs (u, n): uniform over the nodes, or by degree^0.75 (word2vec, PinSAGE).
-    Draws from torch's global RNG (reseeded per epoch by the trainer)."""
+    """Destinations for corrupted pairs (u, n): uniform over the nodes, or by degree^0.75 (word2vec, PinSAGE);
+    with `two_hop` (sampling/two_hop.py), each negative is with probability `hard` a friend of a friend of u
+    instead. Draws from torch's global RNG (reseeded per epoch by the trainer)."""
 
-    def __init__(self, kind: str, num_nodes: int, degree: np.ndarray | None = None):
+    def __init__(
+        self,
+        kind: str,
+        num_nodes: int,
+        degree: np.ndarray | None = None,
+        *,
+        hard: float = 0.0,
+        two_hop: TwoHopNegatives | None = None,
+    ):
         if kind not in NEGATIVE_SAMPLERS:
             raise ConfigError(
                 f"task.negative_sampler={kind!r} is not known",
@@ -63,16 +73,24 @@ class NegativeSampler:
             self.weights = torch.from_numpy(np.asarray(degree, dtype=np.float64) ** 0.75)
             if float(self.weights.sum()) <= 0:
                 self.weights = None  # no edges: uniform
+        self.hard, self.two_hop = float(hard), two_hop
 
     def draw(self, count: int) -> torch.Tensor:
         if self.weights is None:
             return torch.randint(0, self.n, (count,), dtype=torch.int64)
         return torch.multinomial(self.weights, count, replacement=True)
 
-    def sample(self, dst: torch.Tensor, k: int) -> torch.Tensor:
-        """k negatives per positive, [len(dst) * k], positive i's at [i*k, (i+1)*k); never dst[i] itself."""
+    def sample(self, dst: torch.Tensor, k: int, src: torch.Tensor | None = None) -> torch.Tensor:
+        """k negatives per positive (src[i], dst[i]), [len(dst) * k], positive i's at [i*k, (i+1)*k); never
+        dst[i] itself."""
         want = dst.repeat_interleave(k)
         neg = self.draw(len(want))
+        if self.two_hop is not None and self.hard > 0 and src is not None:
+            slot = torch.rand(len(want)) < self.hard
+            far = self.two_hop.draw(src.repeat_interleave(k)[slot])
+            neg[slot.nonzero(as_tuple=True)[0][far >= 0]] = far[
+                far >= 0
+            ]  # no friend of a friend: the first draw
         return avoid(neg, want, self.n, self.draw)
 
 
@@ -122,7 +140,7 @@ class LinkLoader:
 
     def batch(self, eids: torch.Tensor) -> Batch:
         u, v = self.src[eids].to(torch.int64), self.dst[eids]
-        neg = self.negatives.sample(v, self.k)
+        neg = self.negatives.sample(v, self.k, u)
         rev = self.reverse[eids]
         exclude = torch.cat([eids, rev[rev >= 0]])  # the targets and their reverses: invisible to the batch
         return _block_batch(self.g, self.sampler, u, v, neg, self.k, exclude)
@@ -166,7 +184,7 @@ class WalkLinkLoader:
         v = traces[torch.arange(len(u)), pick].to(torch.int64)
         ok = (v >= 0) & (v != u)  # a walk stuck at a dead end, or back at its start: no pair
         u, v = u[ok], v[ok]
-        return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k), self.k)
+        return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k, u), self.k)
 
 
 class ClusterLinkLoader:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +41,12 @@ def check_link_cfg(task_cfg) -> None:
             f"task.num_negatives={task_cfg.num_negatives} must be at least 1",
             "use e.g. task.num_negatives=1 (negatives per positive edge)",
         )
+    hard = float(task_cfg.get("hard_negatives", 0.0))
+    if not 0.0 <= hard <= 1.0:
+        raise ConfigError(
+            f"task.hard_negatives={hard} is outside [0, 1]",
+            "use e.g. task.hard_negatives=0.5 (the share of negatives drawn as friends of friends)",
+        )
     if task_cfg.decoder not in DECODERS:
         raise ConfigError(
             f"task.decoder={task_cfg.decoder!r} is not known", f"choose one of {', '.join(DECODERS)}"
@@ -54,6 +61,11 @@ def check_link_cfg(task_cfg) -> None:
         raise ConfigError(
             "task.pair_features does not score in-batch negatives (their counts are not gathered)",
             "set task.in_batch_negatives=false or task.pair_features=false",
+        )
+    if task_cfg.get("learned_common") and not (task_cfg.get("pair_features") and task_cfg.decoder == "dot"):
+        raise ConfigError(
+            "task.learned_common adds a count to the dot decoder's pair counts",
+            "set task.pair_features=true task.decoder=dot, or task.learned_common=false",
         )
     if task_cfg.in_batch_negatives and task_cfg.decoder != "dot":
         raise ConfigError(
@@ -75,16 +87,55 @@ class PairMLP(nn.Module):
         return self.net(h).squeeze(-1)
 
 
+class DegreeCurve(nn.Module):
+    """A learned positive weight for a common neighbour from its degree (Adamic–Adar's 1 / log d and resource
+    allocation's 1 / d are two fixed such curves; which one ranks best differs by graph)."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, 1))
+
+    def forward(self, degree: torch.Tensor) -> torch.Tensor:
+        return F.softplus(self.net(torch.log1p(degree.float())[:, None])).squeeze(-1)
+
+    @torch.no_grad()
+    def per_node(self, degree: np.ndarray) -> np.ndarray:
+        """The weight of every node, evaluated once per distinct degree."""
+        levels, back = np.unique(degree, return_inverse=True)
+        return self(torch.from_numpy(levels)).numpy()[back]
+
+
 class CountHead(nn.Module):
     """decoder=dot with pair counts: a small MLP of the counts added to the inner product (cheap to rank
-    against many negatives: one [B, E] product plus this on [B, E, 4], where an MLP on a * b is [B, E, dim])."""
+    against many negatives: one [B, E] product plus this on [B, E, 4], where an MLP on a * b is [B, E, dim]).
+    With `learned` (task.learned_common) one more count: the common neighbours summed by a DegreeCurve."""
 
-    def __init__(self, extra: int, width: int = 32):
+    def __init__(self, extra: int, width: int = 32, learned: bool = False):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(extra, width), nn.ReLU(), nn.Linear(width, 1))
+        self.curve = DegreeCurve() if learned else None
+        self.net = nn.Sequential(nn.Linear(extra + int(learned), width), nn.ReLU(), nn.Linear(width, 1))
 
     def forward(self, counts: torch.Tensor) -> torch.Tensor:
         return self.net(counts).squeeze(-1)
+
+    def pair_counts(self, structure: PairStructure, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Raw counts [P, 4 (+1)] of the pairs (u[i], v[i]) this head reads; differentiable in the curve."""
+        raw = structure.pairs(u, v)
+        if self.curve is None:
+            return raw
+        pair, w = structure.common(u, v)
+        weight = self.curve(torch.from_numpy(structure.degree)[w])
+        learned = torch.zeros(len(raw), dtype=weight.dtype).index_add(0, pair, weight)
+        return torch.cat([raw, learned[:, None]], 1)
+
+    def grid_counts(
+        self, structure: PairStructure, u: torch.Tensor, cand: torch.Tensor, raw: torch.Tensor
+    ) -> torch.Tensor:
+        """Raw counts [len(u), len(cand), 4 (+1)] of every (u[i], cand[j]), given their structure.grid `raw`."""
+        if self.curve is None:
+            return raw
+        node = self.curve.per_node(structure.degree)
+        return torch.cat([raw, torch.from_numpy(structure.weighted_grid(u, cand, node))[..., None]], -1)
 
 
 class LinkPrediction:
@@ -95,6 +146,7 @@ class LinkPrediction:
         and the heuristics every evaluation reports); None reports no heuristics."""
         check_link_cfg(task_cfg)
         self.pair_features = bool(task_cfg.get("pair_features", False))
+        self.learned_common = bool(task_cfg.get("learned_common", False))
         if self.pair_features and structure is None:
             raise ValueError("task.pair_features needs the split's PairStructure")
         self.structure = structure
@@ -121,7 +173,7 @@ class LinkPrediction:
         if self.decoder_kind == "mlp":
             self.decoder = PairMLP(int(model_cfg.hidden), extra)
         elif extra:
-            self.count_head = CountHead(extra)
+            self.count_head = CountHead(extra, learned=self.learned_common)
         module = self.decoder if self.decoder is not None else self.count_head
         if module is not None:
             # trained, saved and restored with the GNN (models/checkpoint.LINK_DECODER: infer leaves it out)
@@ -137,7 +189,9 @@ class LinkPrediction:
         (needed for the counts)."""
         a, b = h[pairs[0]], h[pairs[1]]
         counts = None
-        if self.pair_features:
+        if self.count_head is not None:
+            counts = encode(self.count_head.pair_counts(self.structure, ids[pairs[0]], ids[pairs[1]])).to(h)
+        elif self.pair_features:
             counts = encode(self.structure.pairs(ids[pairs[0]], ids[pairs[1]])).to(h)
         if self.decoder is None:
             dot = (a * b).sum(-1) * self.scale
@@ -194,7 +248,8 @@ class LinkPrediction:
         if self.decoder is None:
             neg = h[u] @ hn.T * self.scale
             if self.count_head is not None:
-                neg = neg + self.count_head(encode(grid).to(h))
+                own = self.count_head.grid_counts(self.structure, b.seeds[u], b.seeds[b.neg_dst], grid)
+                neg = neg + self.count_head(encode(own).to(h))
         else:
             neg = torch.cat(
                 [

@@ -65,14 +65,22 @@ class PairStructure:
     def grid(self, u: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """[len(u), len(cand), 4] raw CN, AA, RA, PA of every (u[i], cand[j])."""
         u, cand = _ids(u), _ids(cand)
-        left, right = self.adj[u], self.adj[cand].T.tocsr()
         out = np.empty((len(u), len(cand), len(PAIR_FEATURES)), dtype=np.float32)
-        for k in range(COMMON):
-            # each common neighbour w weighted by its 1, AA or RA term
-            left.data = self.weights[left.indices, k]
-            out[:, :, k] = (left @ right).toarray()
+        for k in range(COMMON):  # each common neighbour w weighted by its 1, AA or RA term
+            out[:, :, k] = self.weighted_grid(u, cand, self.weights[:, k])
         out[:, :, COMMON] = np.outer(self.degree[u], self.degree[cand])
         return torch.from_numpy(out)
+
+    def weighted_grid(self, u, cand, node_weight: np.ndarray) -> np.ndarray:
+        """[len(u), len(cand)]: Σ node_weight[w] over the common neighbours w of every (u[i], cand[j])."""
+        left, right = self.adj[_ids(u)], self.adj[_ids(cand)].T.tocsr()
+        left.data = np.asarray(node_weight, dtype=np.float32)[left.indices]
+        return (left @ right).toarray()
+
+    def common(self, u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The common neighbours of every pair (u[i], v[i]), as (i, w) index tensors."""
+        shared = self.adj[_ids(u)].multiply(self.adj[_ids(v)]).tocoo()
+        return torch.from_numpy(shared.row.astype(np.int64)), torch.from_numpy(shared.col.astype(np.int64))
 
 
 def encode(raw: torch.Tensor) -> torch.Tensor:
@@ -80,5 +88,7 @@ def encode(raw: torch.Tensor) -> torch.Tensor:
     return torch.log1p(raw)
 
 
-def _ids(x: torch.Tensor) -> np.ndarray:
-    return np.asarray(x.detach().cpu().numpy(), dtype=np.int64)
+def _ids(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.int64)

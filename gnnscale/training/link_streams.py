@@ -14,6 +14,7 @@ from gnnscale.sampling.link import (
     NegativeSampler,
     WalkLinkLoader,
 )
+from gnnscale.sampling.two_hop import TwoHopNegatives
 from gnnscale.training.batches import BatchStream, FeatureBuffers
 from gnnscale.training.build import build_stager
 from gnnscale.training.phases import resolve_phases
@@ -39,7 +40,11 @@ def build_link_streams(
     eval_bs = eval_batch_size or int(t.eval_batch_size) or 4 * int(t.batch_size)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     degree = np.diff(np.asarray(split.indptr)) if task.negative_sampler == "degree" else None
-    negatives = NegativeSampler(str(task.negative_sampler), data.graph.num_nodes, degree)
+    hard = float(task.get("hard_negatives", 0.0))
+    two_hop = TwoHopNegatives(split.indptr, split.indices) if hard > 0 else None
+    negatives = NegativeSampler(
+        str(task.negative_sampler), data.graph.num_nodes, degree, hard=hard, two_hop=two_hop
+    )
     k = int(task.num_negatives)
     # Negatives are drawn from torch's RNG batch by batch, between dropout's draws: no look-ahead.
     stager = build_stager(data, lookahead=False)

@@ -32,6 +32,11 @@ def check_task(cfg: DictConfig) -> None:
     check_link_cfg(cfg.task)
     check_fractions(float(cfg.task.val_fraction), float(cfg.task.test_fraction))
     check_link_sampler(str(cfg.sampler.kind))
+    if float(cfg.task.get("hard_negatives", 0.0)) > 0 and cfg.sampler.kind == "cluster_gcn":
+        raise ConfigError(
+            "task.hard_negatives does not apply to sampler=cluster_gcn (its negatives are nodes of the batch's subgraph)",
+            "set task.hard_negatives=0, or use sampler=neighbor",
+        )
     if cfg.dist.kind != "none":
         raise ConfigError(f"task=link runs in one process (dist={cfg.dist.kind} given)", "use dist=none")
 
