@@ -88,9 +88,8 @@ class NegativeSampler:
         if self.two_hop is not None and self.hard > 0 and src is not None:
             slot = torch.rand(len(want)) < self.hard
             far = self.two_hop.draw(src.repeat_interleave(k)[slot])
-            neg[slot.nonzero(as_tuple=True)[0][far >= 0]] = far[
-                far >= 0
-            ]  # no friend of a friend: the first draw
+            found = far >= 0  # elsewhere (no friend of a friend) the uniform draw stays
+            neg[slot.nonzero(as_tuple=True)[0][found]] = far[found]
         return avoid(neg, want, self.n, self.draw)
 
 

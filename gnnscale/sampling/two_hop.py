@@ -22,7 +22,7 @@ class TwoHopNegatives:
     """x two steps from u, not u and not u's neighbour, for each source u (or -1)."""
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray):
-        # torch views of the split's arrays (no copy): gathers by tensors of node ids
+        # int64 tensors for torch's gathers: a copy where the split stores int32 (8 B per edge while training)
         self.indptr = torch.from_numpy(np.asarray(indptr, dtype=np.int64))
         self.indices = torch.from_numpy(np.asarray(indices)).to(torch.int64)
         self.degree = self.indptr[1:] - self.indptr[:-1]
