@@ -132,7 +132,7 @@ def test_a_batch_never_sees_its_own_target_edge(tmp_path):
     dst = split.edge_dst()
     target = [e for e in split.train_eids if {int(split.indices[e]), int(dst[e])} == {2, 3}]
     assert len(target) == 1
-    loader = LinkLoader(g, split, NeighborBlockSampler([-1, -1]), 1, NegativeSampler("uniform", 6), 1)
+    loader = LinkLoader(g, split, NeighborBlockSampler([-1, -1]), 1, NegativeSampler("uniform", 6), k=1)
     torch.manual_seed(0)
     batch = loader.batch(torch.tensor(target))
     u, v = batch.seeds[batch.pos_pairs[:, 0]].tolist()
@@ -394,8 +394,8 @@ def test_unsupervised_sage_trains_on_random_walk_pairs(graph, tmp_path):
         NeighborBlockSampler([5, 5]),
         128,
         NegativeSampler("degree", 600, np.diff(split.indptr)),
-        2,
-        3,
+        k=2,
+        walk_length=3,
     )
     torch.manual_seed(0)
     b = next(iter(loader))

@@ -107,7 +107,7 @@ def avoid(neg: torch.Tensor, positive: torch.Tensor, n: int, draw, rounds: int =
     return neg
 
 
-def _block_batch(g, sampler, u, v, neg, k: int, exclude=None) -> Batch:
+def _block_batch(g, sampler, u, v, neg, *, k: int, exclude=None) -> Batch:
     """Positives (u, v) and their k negatives each, over the block sampler's neighbourhood of every endpoint."""
     seeds, inverse = torch.unique(torch.cat([u, v, neg]), return_inverse=True)
     input_nodes, _, blocks = sampler.sample_blocks(g, seeds, exclude_eids=exclude)
@@ -120,7 +120,9 @@ def _block_batch(g, sampler, u, v, neg, k: int, exclude=None) -> Batch:
 class LinkLoader:
     """One epoch of edge batches over a block sampler (neighbor, labor)."""
 
-    def __init__(self, g, split, sampler, batch_size: int, negatives: NegativeSampler, k: int, shuffle=True):
+    def __init__(
+        self, g, split, sampler, batch_size: int, negatives: NegativeSampler, *, k: int, shuffle=True
+    ):
         self.g, self.sampler, self.batch_size = g, sampler, int(batch_size)
         self.negatives, self.k, self.shuffle = negatives, int(k), shuffle
         self.eids = torch.from_numpy(np.asarray(split.train_eids))
@@ -142,7 +144,7 @@ class LinkLoader:
         neg = self.negatives.sample(v, self.k, u)
         rev = self.reverse[eids]
         exclude = torch.cat([eids, rev[rev >= 0]])  # the targets and their reverses: invisible to the batch
-        return _block_batch(self.g, self.sampler, u, v, neg, self.k, exclude)
+        return _block_batch(self.g, self.sampler, u, v, neg, k=self.k, exclude=exclude)
 
 
 class WalkLinkLoader:
@@ -153,7 +155,7 @@ class WalkLinkLoader:
     in-edges read as out-edges (the same arrays: for an undirected graph, the same graph)."""
 
     def __init__(
-        self, g, split, sampler, batch_size: int, negatives: NegativeSampler, k: int, walk_length: int
+        self, g, split, sampler, batch_size: int, negatives: NegativeSampler, *, k: int, walk_length: int
     ):
         from gnnscale.sampling.graph import adj_to_dgl
 
@@ -183,7 +185,7 @@ class WalkLinkLoader:
         v = traces[torch.arange(len(u)), pick].to(torch.int64)
         ok = (v >= 0) & (v != u)  # a walk stuck at a dead end, or back at its start: no pair
         u, v = u[ok], v[ok]
-        return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k, u), self.k)
+        return _block_batch(self.g, self.sampler, u, v, self.negatives.sample(v, self.k, u), k=self.k)
 
 
 class ClusterLinkLoader:

@@ -26,12 +26,13 @@ class TwoHopNegatives:
         self.indptr = torch.from_numpy(np.asarray(indptr, dtype=np.int64))
         self.indices = torch.from_numpy(np.asarray(indices)).to(torch.int64)
         self.degree = self.indptr[1:] - self.indptr[:-1]
+        self.last = max(len(self.indices) - 1, 0)  # gathers at a row's end are clamped here, then masked
 
     def _step(self, nodes: torch.Tensor) -> torch.Tensor:
         """One uniform neighbour of each node (-1 where the node has none)."""
         deg = self.degree[nodes]
         pick = (torch.rand(len(nodes), dtype=torch.float64) * deg).to(torch.int64)
-        out = self.indices[(self.indptr[nodes] + pick).clamp(max=max(len(self.indices) - 1, 0))]
+        out = self.indices[(self.indptr[nodes] + pick).clamp(max=self.last)]
         return torch.where(deg > 0, out, torch.full_like(out, -1))
 
     def draw(self, src: torch.Tensor) -> torch.Tensor:
@@ -51,8 +52,8 @@ class TwoHopNegatives:
         while bool((lo < hi).any()):
             active = lo < hi
             mid = (lo + hi) // 2
-            below = self.indices[mid.clamp(max=max(len(self.indices) - 1, 0))] < x
+            below = self.indices[mid.clamp(max=self.last)] < x
             lo = torch.where(active & below, mid + 1, lo)
             hi = torch.where(active & ~below, mid, hi)
-        at = self.indices[lo.clamp(max=max(len(self.indices) - 1, 0))]
+        at = self.indices[lo.clamp(max=self.last)]
         return (lo < end) & (at == x)

@@ -59,8 +59,10 @@ def build_link_streams(
             return lambda: ClusterLinkLoader(data.g, split, sampler, k, float(task.target_fraction))
         if task.positives == "random_walk":  # unsupervised GraphSAGE
             walk = int(task.walk_length)
-            return lambda: WalkLinkLoader(data.g, split, sampler, batch_size, negatives, k, walk)
-        return lambda: LinkLoader(data.g, split, sampler, batch_size, negatives, k)
+            return lambda: WalkLinkLoader(
+                data.g, split, sampler, batch_size, negatives, k=k, walk_length=walk
+            )
+        return lambda: LinkLoader(data.g, split, sampler, batch_size, negatives, k=k)
 
     e, n = int(task.eval_negatives), data.graph.num_nodes
     all_nodes = e <= 0 or e >= n  # ranked against every node: filtered by the edges known then
