@@ -10,10 +10,11 @@ real train stage with the memory settings at their defaults (train.memory_budget
 train.feature_cache=auto), each in a fresh child process with the page cache dropped first:
 
   uncapped   no memory limit: the features fit in RAM, so auto holds them there
-  capped     inside a --cap-gb memory cgroup: auto reads them from disk a superbatch ahead
+  capped     inside a --cap-gb memory cgroup: auto reads them from disk by a sweep (training/sweep.py)
 
 for --batches training batches (BatchStream.limit on the train stream; 0 = the whole epoch, then the
-test split is scored too), --rounds times in alternating order (uncapped first in odd rounds). Every
+test split is scored too; the default 300 is a tenth of the 5m epoch, long enough that the sweep's first
+pass, which fills its pipeline once an epoch, is not most of the time measured), --rounds times in alternating order (uncapped first in odd rounds). Every
 training batch's loss is recorded, and the capped run's must equal the uncapped one's.
 
 The cgroup (v1 memory.limit_in_bytes, or v2 memory.max) is made by this script under its own cgroup
@@ -25,7 +26,7 @@ Per run, over the training batches (first batch start to last batch end): seeds/
 (/proc/self/io read_bytes, which counts O_DIRECT reads too) against the bytes of the rows each batch
 gathers, major page faults, the time split; over the whole child: peak anonymous memory (RssAnon,
 sampled every 50 ms) against the plan's budget, the cgroup's own peak; summary.json's feature_reads
-(superbatches, whole-region reads, rows read / carried over, read amplification). The disk probe
+(batches, chunks and rows read, rows evicted, batches in flight, read amplification). The disk probe
 (storage/disk_probe.py) is rerun before each round (this shared disk's rate drifts) and recorded with it; then `gnnscale profile`
 runs with the same settings inside the same cgroup, and its predicted capped seeds/s (plan.read_ahead,
 profile/read_ahead.py, from that probe) is set against the round's capped run.
@@ -315,7 +316,8 @@ def summarise(rounds: list[dict]) -> dict:
         "capped_peak_anon_within_budget": bool(capped) and all(c["peak_anon_within_budget"] for c in capped),
         "capped_read_amplification_median": _median([(c.get("feature_reads") or {}).get("read_amplification") for c in capped]),
         "capped_read_vs_needed_median": _median([c.get("read_vs_needed") for c in capped]),
-        "capped_rows_carried_over_median": _median([(c.get("feature_reads") or {}).get("copied_fraction") for c in capped]),
+        "capped_batches_in_flight_median": _median([(c.get("feature_reads") or {}).get("in_flight_mean") for c in capped]),
+        "capped_rows_evicted_median": _median([(c.get("feature_reads") or {}).get("rows_evicted") for c in capped]),
     }  # fmt: skip
 
 
@@ -327,7 +329,7 @@ def main() -> None:
     )
     ap.add_argument("--reorder", default="none", choices=["none", "degree", "rcm"], help="shard.reorder")
     ap.add_argument("--num-nodes", type=int, help="when building: a quick look at a smaller graph")
-    ap.add_argument("--batches", type=int, default=80, help="training batches per run (0 = the whole epoch)")
+    ap.add_argument("--batches", type=int, default=300, help="training batches per run (0 = the whole epoch)")
     ap.add_argument("--eval-batches", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cap-gb", type=float, help="the cgroup's limit (default: the preset's)")

@@ -129,13 +129,13 @@ def test_capped_run_reads_the_features_ahead_within_its_cgroup(runs):
     assert capped["rc"] == 0, (capped["rc"], capped["stderr"])  # not killed (137 / -9), not refused (2)
     s = capped["summary"]
     plan = s["memory_plan"]
-    assert "features read from disk a superbatch ahead" in capped["said"]
+    assert "features read from disk ahead of the model" in capped["said"]
     assert s["feature_cache"] == plan["feature_cache"] == "read" and plan["structure"] == "memory"
     assert free["summary"]["feature_cache"] == "memory" and "feature_reads" not in free["summary"]
     assert "cgroup" in plan["budget"], plan["budget"]  # auto read the cap, not the machine's free memory
     assert plan["budget_mb"] * MiB <= cap * AUTO_FRACTION + MiB
     reads = s["feature_reads"]
-    assert reads["rows_read"] > 0 and reads["superbatches"] > 0, reads
+    assert reads["rows_read"] > 0 and reads["batches"] > 0, reads
     # The heap stays within the budget the plan made from the cap.
     assert 0 < s["peak_anon_mb"] <= plan["budget_mb"], (s["peak_anon_mb"], plan)
 

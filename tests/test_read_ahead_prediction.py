@@ -1,8 +1,9 @@
-"""profile's capped seeds/s for features read a superbatch ahead (profile/read_ahead.py): the two ways
-of staging priced from the reader's own plan of each superbatch at the disk's rates, the faster taken."""
+"""profile's capped seeds/s for features read by the sweep (profile/read_ahead.py): one pass priced from
+the reader's own plan of the batches in flight at the disk's rates, shared by them, overlapped with compute."""
 
 from __future__ import annotations
 
+import dgl
 import pytest
 import torch
 
@@ -35,34 +36,34 @@ def tiny(tiny_graph, monkeypatch):
 
 
 def _plan(rows: int, batches: int) -> dict:
-    return {"feature_cache": "read", "stage_rows": rows, "stage_batches": batches, "stage_overlap": True}
+    return {"feature_cache": "read", "stage_rows": rows, "stage_batches": batches}
 
 
-def test_each_way_is_priced_from_the_readers_plan_of_its_superbatch(tiny):
+def test_a_pass_of_the_sweep_is_priced_from_the_readers_plan_of_the_batches_in_flight(tiny):
     sampler, bs = NeighborBlockSampler([3, 3]), 16
+    dgl.seed(0)
     p = predict_read_ahead(tiny, sampler, _plan(120, 8), bs, step_s=0.01)
-    halves, whole = p["modes"]["halves"], p["modes"]["whole"]
-    assert 1 <= halves["batches"] <= whole["batches"] <= 8
-    assert halves["union_rows"] <= 120 or halves["batches"] == 1
-    assert whole["union_rows"] <= 240 or whole["batches"] == 1
+    dgl.seed(0)  # the same neighbours drawn again
+    drawn = read_ahead.union_growth(tiny.g, tiny.splits["train"], sampler, bs, tiny.g.num_nodes(), 8)
+    mean_rows = sum(len(b) for b, _ in drawn) / len(drawn)
+    k = p["batches_in_flight"]
+    # as many in flight as the rows held carry (FLIGHT_PER_CAPACITY whole batches' worth), up to the plan's
+    assert k == max(1, min(8, int(read_ahead.FLIGHT_PER_CAPACITY * 120 // mean_rows)))
     # the same batches as the prediction drew, priced by the reader itself
-    drawn = read_ahead.union_growth(tiny.g, tiny.splits["train"], sampler, bs, 240, 8)
-    union = torch.unique(torch.cat([torch.from_numpy(b) for b, _ in drawn[: whole["batches"]]]))
+    union = torch.unique(torch.cat([torch.from_numpy(b) for b, _ in drawn[:k]]))
     with FeatureReader(tiny.graph) as reader:
-        assert whole["read_bytes"] == reader.plan(union)["bytes"]
-    for mode, m in p["modes"].items():
-        read = read_seconds({"bytes": m["read_bytes"], "requests": m["requests"]}, DISK)[0]
-        k = m["batches"]
-        expect = max(read / k, 0.01) if mode == "halves" else read / k + 0.01
-        assert m["batch_s"] == pytest.approx(expect, abs=1e-4)
-    best = min(p["modes"].values(), key=lambda m: m["batch_s"])
-    assert p["seeds_per_s"] == pytest.approx(bs / best["batch_s"], rel=1e-3)
-    assert p["mode"] in ("halves", "whole") and p["modes"][p["mode"]] is best
+        plan = reader.plan(union)
+    assert p["pass_rows"] == len(union) and p["pass_bytes"] == plan["bytes"]
+    read = read_seconds(plan, DISK)[0]
+    assert p["batch_s"] == pytest.approx(max(read / k, 0.01), abs=1e-4)
+    assert p["seeds_per_s"] == pytest.approx(bs / p["batch_s"], rel=1e-3)
+    more = predict_read_ahead(tiny, sampler, _plan(10_000, 8), bs, step_s=0.01)
+    assert more["batches_in_flight"] == 8 and more["batch_s"] <= p["batch_s"]  # more rows held: faster
 
 
-def test_a_slow_step_is_compute_bound_and_hides_the_read_in_halves(tiny):
+def test_a_slow_step_is_compute_bound(tiny):
     p = predict_read_ahead(tiny, NeighborBlockSampler([3, 3]), _plan(120, 8), 16, step_s=100.0)
-    assert p["mode"] == "halves" and p["bound"] == "compute"
+    assert p["bound"] == "compute"
     assert p["seeds_per_s"] == pytest.approx(16 / 100.0, rel=1e-3)
 
 

@@ -480,7 +480,7 @@ class TrainOptions:
     patience: int = 10  # stop after this many epochs without a better val metric; 0 = never
     metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
     resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)
-    # auto | memory | read | mmap: features held in RAM; read from the shards a superbatch ahead (parallel,
+    # auto | memory | read | mmap: features held in RAM; read from the shards by a sweep ahead (parallel,
     # coalesced reads: what auto picks when RAM cannot hold them); or page-faulted through memory maps
     feature_cache: str = "auto"
     # Hot-feature cache, GB of feature rows (0 = off): with memory-mapped features, the rows of the

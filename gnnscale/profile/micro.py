@@ -47,8 +47,8 @@ def _eviction_bytes() -> int:
 
 
 class RowsInRam:
-    """A stand-in for a FeatureStore whose rows train will hold in RAM (held, or read ahead into staging
-    buffers) while this process has them memory-mapped: random rows of the same width from an in-RAM
+    """A stand-in for a FeatureStore whose rows train will hold in RAM (held, or read ahead by the sweep)
+    while this process has them memory-mapped: random rows of the same width from an in-RAM
     table of `nbytes` (well past the CPU caches), so the measured gather is RAM's, not the disk's."""
 
     in_memory = True

@@ -127,7 +127,7 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
         "full_graph": full,
         "minibatch": minibatch,
         "speed": speed,  # predicted seeds/s (profile/speed.py); None for a described graph
-        # features read from disk a superbatch ahead (profile/read_ahead.py); None when they are not
+        # features read from disk by the sweep (profile/read_ahead.py); None when they are not
         "read_ahead": read_ahead,
         "recommendation": rec,
         "budget": {"bytes": int(budget.bytes), "gb": round(budget.bytes / 1e9, 3), "why": budget.why},

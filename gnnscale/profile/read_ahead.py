@@ -1,20 +1,20 @@
-"""Seeds/s of a run whose features are read from disk a superbatch ahead (feature_cache=read), predicted
-from the disk's measured rates, before any training.
+"""Seeds/s of a run whose features are read from disk by the sweep (feature_cache=read), predicted from
+the disk's measured rates, before any training.
 
-A superbatch's rows are spread over the whole feature file, so its read costs what the reader's plan of
-their sorted union costs: its bytes at the disk's sequential rate, or its requests at the 64 KiB random
-rate with 16 in flight, whichever is slower (storage/disk_probe.py measures both once per graph_dir).
-The training side (training/staging.py) either reads the next superbatch into the free half of its
-staging region while the current one computes, or, when the disk is the bound, takes the whole region
-for a superbatch twice as long and waits for its read. Per batch:
+The training side (training/sweep.py) sweeps the feature file round and round, reading in each chunk the
+rows of the batches in flight; a batch joins, is handed its rows as the sweep passes them, and computes
+one pass later. A pass reads what the reader's plan of the in-flight batches' union covers: its bytes at
+the disk's rate of coalesced reads, or its requests at the 64 KiB random rate with 16 in flight,
+whichever is slower (storage/disk_probe.py measures both once per graph_dir). With K batches in flight
+(as many as the rows read ahead hold, FLIGHT_PER_CAPACITY times the rows of a whole batch, up to the
+plan's most), one pass serves K batches, and the reads overlap the model's compute:
 
-    halves   max(read(K_half) / K_half, step)     K_half: batches whose union fits a half
-    whole    read(K_whole) / K_whole + step       K_whole: ... the whole region
+    per batch = max(read(union of K batches) / K, step)
 
-and the run gets the faster of the two (what the stager's switch aims for). `step` is the time of one
-batch with its features in RAM: profile's own prediction (profile/speed.py), or the measured step with
-profile.measure=true. The unions come from batches drawn by the configured sampler in a fixed order;
-the hot-feature cache is left out (its rows would shorten every read).
+`step` is the time of one batch with its features in RAM: profile's own prediction (profile/speed.py),
+or the measured step with profile.measure=true. The batches are drawn by the configured sampler in a
+fixed order; the hot-feature cache is left out (its rows would shorten every read). The pass that fills
+the pipeline at the start of each epoch is left out too (one pass per epoch: small for a long epoch).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from gnnscale.storage.disk_probe import probe_disk
 from gnnscale.storage.feature_reader import FeatureReader
+from gnnscale.training.sweep import FLIGHT_PER_CAPACITY
 
 PROBE_SEED = 0
 RANDOM_REQUEST = 64 << 10  # the probe's random-read size (its rand64k_mb_s_qd16)
@@ -58,50 +59,36 @@ def union_growth(g, ids: torch.Tensor, sampler, batch_size: int, cap_rows: int, 
     return batches
 
 
-def _superbatch(batches: list, cap_rows: int) -> tuple[int, torch.Tensor]:
-    """How many leading batches fit cap_rows (at least one) and their sorted union."""
-    k = max(1, sum(1 for _, union in batches if union <= cap_rows))
-    return k, torch.from_numpy(np.unique(np.concatenate([b for b, _ in batches[:k]])))
-
-
 def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s: float) -> dict | None:
     """The prediction (see the module doc) for a plan that reads features ahead; None for any other."""
     if memory_plan.get("feature_cache") != "read" or not memory_plan.get("stage_rows"):
         return None
     rows, max_batches = int(memory_plan["stage_rows"]), int(memory_plan["stage_batches"])
-    halves = bool(memory_plan.get("stage_overlap", True))
     disk = probe_disk(data.graph.path)
-    region = 2 * rows if halves else rows
-    batches = union_growth(data.g, data.splits["train"], sampler, batch_size, region, max_batches)
-    modes = {}
+    drawn = union_growth(data.g, data.splits["train"], sampler, batch_size, data.g.num_nodes(), max_batches)
+    mean_rows = float(np.mean([len(b) for b, _ in drawn]))
+    k = int(min(len(drawn), max(1, FLIGHT_PER_CAPACITY * rows // max(mean_rows, 1.0))))
+    union = torch.from_numpy(np.unique(np.concatenate([b for b, _ in drawn[:k]])))
     with FeatureReader(data.graph) as reader:
-        for mode, cap in (("halves", rows), ("whole", region)) if halves else (("whole", region),):
-            k, union = _superbatch(batches, cap)
-            plan = reader.plan(union)
-            read_s, bound = read_seconds(plan, disk)
-            per_batch = max(read_s / k, step_s) if mode == "halves" else read_s / k + step_s
-            modes[mode] = {
-                "batches": k,
-                "union_rows": len(union),
-                "read_bytes": int(plan["bytes"]),
-                "requests": int(plan["requests"]),
-                "read_s": round(read_s, 3),
-                "batch_s": round(per_batch, 4),
-                "bound": bound if read_s / k > step_s else "compute",
-            }
-    best = min(modes, key=lambda m: modes[m]["batch_s"])
-    chosen = modes[best]
+        plan = reader.plan(union)
+    read_s, bound = read_seconds(plan, disk)
+    per_batch = max(read_s / k, step_s)
     return {
-        "seeds_per_s": round(batch_size / chosen["batch_s"], 2),
-        "mode": best,
-        "bound": chosen["bound"],
+        "seeds_per_s": round(batch_size / per_batch, 2),
+        "bound": bound if read_s / k > step_s else "compute",
         "in_ram_step_s": round(step_s, 4),
-        "read_bytes_per_batch": int(chosen["read_bytes"] / chosen["batches"]),
-        "modes": modes,
+        "batches_in_flight": k,
+        "pass_rows": len(union),
+        "pass_bytes": int(plan["bytes"]),
+        "pass_requests": int(plan["requests"]),
+        "pass_read_s": round(read_s, 3),
+        "batch_s": round(per_batch, 4),
+        "read_bytes_per_batch": int(plan["bytes"] / k),
         "disk": {
             k: disk.get(k)
             for k in (
                 "seq_mb_s",
+                "sweep_mb_s_qd16",
                 "rand4k_iops_qd1",
                 "rand4k_iops_qd16",
                 "rand64k_mb_s_qd16",
@@ -111,8 +98,8 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
             )
         },  # fmt: skip
         "what": (
-            "a superbatch's rows read at the disk's measured rates (sorted, coalesced, 16 in flight), "
-            "per batch max(read / K, step) with two halves or read / K + step with the whole region, "
-            "the faster; step = one batch with its features in RAM"
+            "one pass of the sweep reads the union of the batches in flight at the disk's measured rates "
+            "(sorted, coalesced, 16 in flight) and serves them all; per batch max(pass / K, step), step = "
+            "one batch with its features in RAM"
         ),
     }

@@ -1,6 +1,6 @@
 """What the disk under a graph_dir gives: measured once with reads of the graph's own shard files.
 
-The training side sets the reads it plans against what the disk can deliver (a superbatch read in
+The training side sets the reads it plans against what the disk can deliver (a sweep's chunks read in
 long sequential runs or in many small random ones, with how many in flight), and the time split says
 how far the wait is from the disk's rate. Five numbers, each from `seconds` of reads:
 

@@ -36,7 +36,7 @@ import torch
 
 from gnnscale.sampling.batch import Batch
 from gnnscale.storage.feature_store import FeatureStore
-from gnnscale.training.staging import staged_batches
+from gnnscale.training.sweep import swept_batches
 
 
 def _single_threaded() -> None:
@@ -81,7 +81,7 @@ class BatchStream:
         device: torch.device | None = None,
         num_batches: int | None = None,
         buffers: FeatureBuffers | None = None,
-        stager=None,
+        sweeper=None,
     ):
         self.make_loader = make_loader
         self.features = features
@@ -97,9 +97,9 @@ class BatchStream:
         )
         self._len = num_batches
         self._limit: int | None = None
-        self.stager = stager  # training/staging.Stager: rows read a superbatch ahead (feature_cache=read)
-        if stager is not None:
-            self.prefetch = 0  # the stager reads ahead itself; gathers from its buffers are memory copies
+        self.sweeper = sweeper  # training/sweep.Sweeper: rows read by a sweep ahead (feature_cache=read)
+        if sweeper is not None:
+            self.prefetch = 0  # the sweep reads ahead itself; gathers from what it read are memory copies
 
     def __len__(self) -> int:
         if self._len is None:
@@ -114,13 +114,13 @@ class BatchStream:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        if self.stager is not None:
-            self.stager.close()  # shared by a run's streams: closing it twice is harmless
+        if self.sweeper is not None:
+            self.sweeper.close()  # shared by a run's streams: closing it twice is harmless
 
     def _gather(self, b: Batch, out: torch.Tensor) -> Batch:
         t0 = time.perf_counter()
-        if self.stager is not None:
-            x = self.stager.gather(b.input_nodes, out)
+        if self.sweeper is not None:
+            x = self.sweeper.gather(b.input_nodes, out)
         else:
             x = self.features.gather(b.input_nodes, out=out)
         if x.dtype != torch.float32:  # fp16/bf16-stored features: the model's weights are fp32
@@ -140,8 +140,8 @@ class BatchStream:
             it = iter(loader)  # shuffles with numpy's RNG, in this thread, after the caller's reseed
         if self._limit is not None:
             it = itertools.islice(it, self._limit)
-        if self.stager is not None:
-            yield from self._staged(it)
+        if self.sweeper is not None:
+            yield from self._swept(it)
             return
         pending: deque = deque()
         exhausted = False
@@ -171,7 +171,7 @@ class BatchStream:
                 if self._pool is not None:
                     job.result()
 
-    def _staged(self, it: Iterator[Batch]) -> Iterator[Batch]:
-        for b in staged_batches(self.stager, it, self.buffers.take, self._gather):
+    def _swept(self, it: Iterator[Batch]) -> Iterator[Batch]:
+        for b in swept_batches(self.sweeper, it, self.buffers.take, self._gather):
             yield b if self.device.type == "cpu" else b.to(self.device)
             b = None  # not held while the next batch is gathered (see Memory above)

@@ -27,7 +27,7 @@ from gnnscale.training.memory_plan import (
 from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
-from gnnscale.training.staging import Stager
+from gnnscale.training.sweep import Sweeper
 from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
@@ -143,14 +143,14 @@ def preflight(
     return p, decisions
 
 
-def build_stager(data: TrainData, lookahead: bool = True) -> Stager | None:
-    """feature_cache=read: one stager for a run's streams (they never run at once, so they share its
-    buffers). lookahead=False: one batch per superbatch, sampled after the one before computed (samplers that
-    draw from torch's RNG mid-epoch)."""
+def build_sweeper(data: TrainData, lookahead: bool = True) -> Sweeper | None:
+    """feature_cache=read: one sweep for a run's streams (they never run at once, so they share it).
+    lookahead=False: one batch in flight, sampled after the one before computed (samplers that draw from
+    torch's RNG mid-epoch)."""
     if data.feature_cache != "read":
         return None
-    rows, batches, overlap = data.stage
-    return Stager(data.features, data.reader, rows, batches, overlap, lookahead=lookahead)
+    rows, batches = data.stage
+    return Sweeper(data.features, data.reader, rows, batches, lookahead=lookahead)
 
 
 def loss_blocks_layers(cfg: DictConfig) -> int:
@@ -177,7 +177,7 @@ def build_streams(
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = eval_batch_size or _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
-    stager = build_stager(data)
+    sweeper = build_sweeper(data)
     cut = loss_blocks_layers(cfg)
 
     def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
@@ -200,7 +200,7 @@ def build_streams(
             prefetch=prefetch,
             device=device,
             buffers=buffers,
-            stager=stager,
+            sweeper=sweeper,
         )
 
     phases = resolve_phases(cfg)

@@ -16,7 +16,7 @@ from gnnscale.sampling.link import (
 )
 from gnnscale.sampling.two_hop import TwoHopNegatives
 from gnnscale.training.batches import BatchStream, FeatureBuffers
-from gnnscale.training.build import build_stager
+from gnnscale.training.build import build_sweeper
 from gnnscale.training.phases import resolve_phases
 
 _VAL, _TEST = 1, 2  # seed streams of the evaluation negatives
@@ -47,11 +47,11 @@ def build_link_streams(
     )
     k = int(task.num_negatives)
     # Negatives are drawn from torch's RNG batch by batch, between dropout's draws: no look-ahead.
-    stager = build_stager(data, lookahead=False)
+    sweeper = build_sweeper(data, lookahead=False)
 
     def stream(make) -> BatchStream:
         return BatchStream(
-            make, data.features, None, prefetch=prefetch, device=device, buffers=buffers, stager=stager
+            make, data.features, None, prefetch=prefetch, device=device, buffers=buffers, sweeper=sweeper
         )
 
     def train_loader(sampler, batch_size: int):

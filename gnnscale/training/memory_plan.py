@@ -11,10 +11,11 @@ are counted in `rss`; what must fit counts the CSC, which sampling reads all ove
 memory-mapped features, the pages one training batch reads (below that the kernel evicts pages the
 next batch needs, and every batch goes back to disk).
 
-Features that do not fit in RAM are read a superbatch ahead (feature_cache=read, training/staging.py):
-a staging region of two halves, a node -> row map and the blocks of the batches sampled ahead; the region gets
-what the budget leaves (STAGE_SHARE of it), which sets how many batches a superbatch spans. The graph
-structure is held in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
+Features that do not fit in RAM are read by a sweep over the feature file (feature_cache=read,
+training/sweep.py): the rows handed to the batches in flight, a node -> row map, the sweep's two chunk
+buffers and the blocks of the batches sampled ahead; the rows get what the budget leaves
+(STAGE_SHARE of it), which sets how many batches share a pass over the disk. The graph structure is held
+in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
 
 A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
 4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from gnnscale.storage.feature_store import FeatureStore
+from gnnscale.training.sweep import CHUNK_BYTES as SWEEP_CHUNK_BYTES
 from gnnscale.utils.memlimit import Budget, gb
 from gnnscale.utils.memory import rss_anon_mb, rss_mb
 
@@ -47,21 +49,18 @@ TRAINER_OVERHEAD = 48 << 20
 # 1025 MB planned without it (7 runs; CI's run was the 1036), and at 974-1002 MB against 1030 MB with it
 # (4 runs). The plan's other parts are one-off allocations.
 ALLOCATOR_SLACK = 0.15
-TRANSIENT_PARTS = ("gather buffers", "batch working set", "superbatch blocks")
+TRANSIENT_PARTS = ("gather buffers", "batch working set", "blocks in flight")
 # The feature reader's own read buffers (storage/feature_reader.FeatureReader's buffer_bytes default).
 READ_BUFFERS = 64 << 20
-# Of what the budget leaves once everything else is counted, the share the staging buffers take: the rest
+# Of what the budget leaves once everything else is counted, the share the rows read ahead take: the rest
 # stays for the page cache of the program's own files and the heap's slack.
 STAGE_SHARE = 0.9
-# A superbatch spans at most this many batches: past that the disk is read at full speed anyway (the
-# union of many batches covers most of the file) and only the held blocks grow.
+# At most this many batches in flight on the sweep: past that only the held blocks grow.
 MAX_STAGE_BATCHES = 64
-# A staging region of two halves (the next superbatch read while this one computes, or the whole region
-# for one twice as long when the disk is the bound, chosen while training) against one buffer.
-STAGE_OVERLAP = True
-# Index arrays per staged row (its node id, its place in the buffer's order, the mark array's nonzero index):
-# a 5M-node bench run peaked 98 MB over the plan that left them and the held batches' node ids out.
-STAGED_ROW_INDEX = 3 * 8
+# Index arrays per row read ahead (its node id in its batch's sorted list, and the piece it sits in).
+STAGED_ROW_INDEX = 2 * 8
+# The sweep's own buffers: two chunks (one read while the other is cut into pieces).
+SWEEP_BUFFERS = 2 * SWEEP_CHUNK_BYTES
 LEAN_FEATURES = "read"  # the placement of the leanest plan: features read ahead into small buffers
 
 
@@ -166,9 +165,8 @@ class MemoryPlan:
     feature_bytes: int = 0  # the whole feature matrix
     eval_batch_size: int = 0  # seeds per evaluation batch, when the plan settled it (0 = not settled here)
     structure: str = "mmap"  # memory | mmap: where the graph structure (CSC) is read from
-    stage_rows: int = 0  # feature_cache=read: rows one half of the staging region holds
-    stage_batches: int = 0  # feature_cache=read: the most batches one superbatch spans
-    stage_overlap: bool = True  # feature_cache=read: two halves, the next read while one computes
+    stage_rows: int = 0  # feature_cache=read: rows the batches in flight may hold in all
+    stage_batches: int = 0  # feature_cache=read: the most batches in flight on the sweep
 
     @property
     def fits(self) -> bool:
@@ -196,14 +194,9 @@ class MemoryPlan:
 
     def features_said(self) -> str:
         if self.feature_cache == "read":
-            halves = (
-                f"2 x {self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])} staged: the next superbatch "
-                "read while one trains, or one of twice the rows when the disk is the bound"
-            )
-            one = f"{self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])} staged"
             return (
-                f"read a superbatch ahead (up to {self.stage_batches} batches, "
-                f"{halves if self.stage_overlap else one})"
+                f"read from disk by a sweep over the file (up to {self.stage_batches} batches in flight "
+                f"holding up to {self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])})"
             )
         return "in RAM" if self.feature_cache == "memory" else "memory-mapped"
 
@@ -217,7 +210,6 @@ class MemoryPlan:
                 {
                     "stage_rows": self.stage_rows,
                     "stage_batches": self.stage_batches,
-                    "stage_overlap": self.stage_overlap,
                 }
                 if self.stage_rows
                 else {}
@@ -250,7 +242,7 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
 
 CACHE_PART = "hot-feature cache"
 PAGES_PART = "feature pages one batch reads (mmap)"
-STAGE_PART = "staged rows (2 superbatches)"
+STAGE_PART = "rows read ahead"
 SLACK_PART = "allocator slack"
 STRUCTURE_RAM, STRUCTURE_MMAP = "graph structure (in RAM)", "graph structure (mmap)"
 
@@ -270,10 +262,9 @@ def estimate(
     structure: str = "mmap",
     stage_rows: int = 0,
     stage_batches: int = 1,
-    stage_overlap: bool = STAGE_OVERLAP,
 ) -> MemoryPlan:
-    """feature_cache=read: stage_rows per staging buffer (0 = the largest batch's rows) and superbatches of
-    up to stage_batches batches. structure: memory (the CSC read into RAM) | mmap."""
+    """feature_cache=read: stage_rows held by the batches in flight (0 = the largest batch's rows), up to
+    stage_batches of them. structure: memory (the CSC read into RAM) | mmap."""
     s = w.sizes
     cache_rows = cache_rows if feature_cache in ("mmap", "read") else 0
     rows = max(w.train.input_rows, w.evals.input_rows)
@@ -282,15 +273,13 @@ def estimate(
     mapped_features = s.feature_bytes if feature_cache == "mmap" else 0
     stage = {}
     if feature_cache == "read":
-        prefetch, slots = 0, 1  # the stager reads ahead itself; gathers from its buffers run inline
+        prefetch, slots = 0, 1  # the sweep reads ahead itself; gathers from what it read run inline
         stage_rows = max(int(stage_rows), rows)
-        buffers = 2 if stage_overlap else 1
         stage = {
-            # + node -> row map and mark array, and per staged row its id, buffer order and mark index (int64)
-            STAGE_PART: buffers * stage_rows * (s.row_bytes + STAGED_ROW_INDEX) + s.num_nodes * 5,
-            # the next superbatch is sampled while the current one's rows are read: two are held
-            "superbatch blocks": 2 * stage_batches * _block_bytes(w.train),
-            "read buffers": READ_BUFFERS,
+            # + the node -> row map of the batch being gathered (int32)
+            STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX) + s.num_nodes * 4,
+            "blocks in flight": stage_batches * _block_bytes(w.train),
+            "read buffers": READ_BUFFERS + SWEEP_BUFFERS,
         }
     else:
         stage_rows, stage_batches = 0, 0
@@ -320,7 +309,7 @@ def estimate(
     must_fit = anon + sum(parts.get(k, 0) for k in mapped)
     return MemoryPlan(
         feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes,
-        structure=structure, stage_rows=stage_rows, stage_batches=stage_batches, stage_overlap=stage_overlap,
+        structure=structure, stage_rows=stage_rows, stage_batches=stage_batches,
     )  # fmt: skip
 
 
@@ -339,9 +328,9 @@ def plan(
     resident_ok: bool = True,
 ) -> tuple[MemoryPlan, list[str]]:
     """The plan to run with and what was decided to get there (one line each): features in RAM only
-    when that fits (feature_cache=auto; else read a superbatch ahead), the graph structure in RAM when it
+    when that fits (feature_cache=auto; else read from disk by the sweep), the graph structure in RAM when it
     fits (resident_ok), prefetch shrunk to fit, a hot-feature cache of up to cache_rows rows, then the
-    staging buffers in what is left. The plan may still not fit."""
+    rows read ahead in what is left. The plan may still not fit."""
     decisions = []
     caches = ["memory", LEAN_FEATURES] if feature_cache == "auto" else [feature_cache]
     # The CSC counts in full either way (sampling reads all of it), so it is held in RAM whenever the run
@@ -357,7 +346,7 @@ def plan(
                     decisions.append(
                         "features in RAM: they fit the memory budget"
                         if cache == "memory"
-                        else "features read from disk a superbatch ahead: held in RAM they would not fit "
+                        else "features read from disk ahead of the model: held in RAM they would not fit "
                         "the memory budget"
                     )
                 if depth < prefetch and cache != "read":
@@ -371,22 +360,19 @@ def plan(
 
 
 def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
-    """The plan with the staging region grown into STAGE_SHARE of what the budget leaves: as many rows as
-    that holds (up to every node), and superbatches of up to MAX_STAGE_BATCHES batches whose blocks take
-    no more than a fifth of the staging memory (the rows the leanest plan stages already included: its
-    halves hold the largest batch, an evaluation one, which training superbatches then fill)."""
+    """The plan with the rows read ahead grown into STAGE_SHARE of what the budget leaves, and up to
+    MAX_STAGE_BATCHES batches in flight whose blocks take no more than a fifth of that memory (the rows
+    the leanest plan holds already included: the largest batch, an evaluation one)."""
     s = w.sizes
-    buffers = 2 if p.stage_overlap else 1
     room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
     block = max(int(_block_bytes(w.train) * (1 + ALLOCATOR_SLACK)), 1)  # a held block brings its slack
-    staged = buffers * p.stage_rows * (s.row_bytes + STAGED_ROW_INDEX)
-    batches = min(MAX_STAGE_BATCHES, (room + staged) // 5 // (2 * block), 1 + room // (2 * block))
-    batches = int(max(1, batches))
-    room -= 2 * (batches - 1) * block
-    rows = min(s.num_nodes, p.stage_rows + room // (buffers * (s.row_bytes + STAGED_ROW_INDEX)))
-    return estimate(
-        w, p.feature_cache, p.prefetch, p.budget, p.cache_rows, p.structure, rows, batches, p.stage_overlap
+    per_row = s.row_bytes + STAGED_ROW_INDEX
+    batches = int(
+        max(1, min(MAX_STAGE_BATCHES, (room + p.stage_rows * per_row) // 5 // block, 1 + room // block))
     )
+    room -= (batches - 1) * block
+    rows = min(s.num_nodes, p.stage_rows + room // per_row)
+    return estimate(w, p.feature_cache, p.prefetch, p.budget, p.cache_rows, p.structure, rows, batches)
 
 
 def plan_eval_batches(
@@ -412,12 +398,12 @@ def plan_eval_batches(
     why = "larger ones would not fit the memory budget"
     if p.fits and p.feature_cache == LEAN_FEATURES and size > floor:
         # Features read ahead: the disk sets the pace, not the batch size, and what larger evaluation batches
-        # would hold (their gather buffer and activations) makes superbatches longer instead: on the 5M-node
+        # would hold (their gather buffer and activations) puts more batches in flight on the sweep instead: on the 5M-node
         # bench, 4,096-seed evaluation batches cost a third of the capped training speed. Other batches draw
         # other neighbours, so val / test metrics differ (within sampling noise) from the in-RAM run's.
         size, w = floor, workload_at(floor)
         p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
-        why = "with features read from disk, the memory goes to longer superbatches instead"
+        why = "with features read from disk, the memory goes to more batches in flight instead"
     if p.fits and size != asked:
         decisions.insert(
             0, f"evaluation batches {asked:,} -> {size:,} seeds (train.eval_batch_size=0, auto): {why}"

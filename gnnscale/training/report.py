@@ -98,11 +98,11 @@ def summary_rows(s: dict) -> dict:
 
 
 def read_stats(trainer, data) -> dict:
-    """summary.json's `feature_reads` (feature_cache=read): superbatches, rows read from disk or carried
-    over from the previous superbatch, and the reader's requests and bytes, over the whole run."""
-    stager = trainer.streams["train"][0].stager
+    """summary.json's `feature_reads` (feature_cache=read): batches through the sweep, rows read from disk
+    and given back (evicted), batches in flight, and the reader's requests and bytes, over the whole run."""
+    sweeper = trainer.streams["train"][0].sweeper
     reader = dict(data.reader.stats)
-    rows = stager.stats()
+    rows = sweeper.stats()
     useful = rows["rows_read"] * data.reader.row_bytes
     return {
         **rows,

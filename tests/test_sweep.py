@@ -1,6 +1,6 @@
-"""Features read a superbatch ahead (train.feature_cache=read): every batch gets exactly the rows an
-in-memory gather gives, whatever the superbatch size, hot cache or degree column, and a train run reads
-the same numbers as one with the features in RAM."""
+"""Features read by the sweep (train.feature_cache=read): every batch gets exactly the rows an in-memory
+gather gives, whatever the rows held, batches in flight, chunk size, hot cache or degree column; the rows
+held never pass their cap; a train run reads the same numbers as one with the features in RAM."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gnnscale.storage.feature_reader import FeatureReader
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.training.batches import BatchStream
-from gnnscale.training.staging import Stager
+from gnnscale.training.sweep import Sweeper
 from tests.conftest import compose
 
 COMPUTED = ("epoch", "loss", "train_acc", "lr", "val_acc", "val_loss", "steps", "best")
@@ -43,19 +43,31 @@ class FixedLoader:
         return len(self.inputs)
 
 
+class CappedSweeper(Sweeper):
+    """Records the most rows the batches in flight held (reserved for a read or handed over)."""
+
+    most = 0
+
+    def _plan(self):
+        planned = super()._plan()
+        self.most = max(self.most, self._held)
+        return planned
+
+
 @pytest.mark.parametrize(
-    "row_cap,max_batches,hot,degree,overlap",
+    "row_cap,max_batches,chunk_rows,hot,degree,lookahead",
     [
-        (1, 1, 0, False, True),
-        (150, 4, 0, False, True),
-        (400, 64, 0, False, True),
-        (10_000, 64, 0, False, True),
-        (200, 8, 120, True, True),
-        (150, 4, 0, False, False),
-        (200, 8, 120, True, False),
+        (1, 1, 7, 0, False, True),  # one batch in flight, over the cap alone: it still completes
+        (150, 4, 50, 0, False, True),  # batches of up to 199 rows against 150 held: evictions
+        (400, 64, 64, 0, False, True),
+        (10_000, 64, 0, 0, False, True),  # the whole graph one chunk
+        (200, 8, 33, 120, True, True),  # hot-feature cache and the degree column
+        (300, 8, 20, 0, False, False),  # lookahead=False: one in flight
     ],
 )
-def test_staged_batches_equal_in_memory_gathers(tiny_graph, row_cap, max_batches, hot, degree, overlap):
+def test_swept_batches_equal_in_memory_gathers(
+    tiny_graph, row_cap, max_batches, chunk_rows, hot, degree, lookahead
+):
     g = GraphDir(tiny_graph)
     indptr = open_csc(g)[0] if degree else None
     in_ram = FeatureStore(g, in_memory=True, degree_indptr=indptr)
@@ -63,69 +75,44 @@ def test_staged_batches_equal_in_memory_gathers(tiny_graph, row_cap, max_batches
     if hot:
         store.cache_hottest(hot, open_csc(g)[0])
     inputs = random_batches(600, 23, seed=row_cap)
-    torch.manual_seed(0)
-    stager = Stager(store, FeatureReader(g), row_cap, max_batches, overlap, adaptive=False)
-    stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, stager=stager)
-    for _ in range(2):  # a second pass reuses the buffers
+    sweeper = CappedSweeper(store, FeatureReader(g), row_cap, max_batches, lookahead, chunk_rows)
+    stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, sweeper=sweeper)
+    for _ in range(2):  # a second pass starts the sweep again
         seen = 0
         for b in stream:
             assert torch.equal(b.x, in_ram.gather(b.input_nodes))
             seen += 1
         assert seen == len(inputs)
-    st = stager.stats()
-    # Every row was staged at least once; in halves, rows shared with the previous superbatch were copied,
-    # not read again; with one buffer nothing is carried. A batch larger than a half (up to 199 rows
-    # here) takes the whole region and carries nothing either.
-    assert st["rows_read"] + st["rows_copied"] >= len(torch.unique(torch.cat(inputs))) - hot
-    if not overlap:
-        assert st["rows_copied"] == 0 and st["whole_region_reads"] == st["superbatches"]
-    elif row_cap == 1:  # one batch a superbatch: only a one-row batch fits a half
-        assert st["whole_region_reads"] == 2 * sum(len(x) > row_cap for x in inputs)
-    elif 200 <= row_cap < 10_000:
-        assert st["rows_copied"] > 0 and st["whole_region_reads"] == 0
-    if max_batches == 1:
-        assert st["superbatches"] == 2 * len(inputs)
+    st = sweeper.stats()
+    assert st["batches"] == 2 * len(inputs)
+    # Every row a batch needs was read at least once for it; none came from the page-faulting fallback.
+    assert st["rows_read"] >= len(torch.unique(torch.cat(inputs))) - hot
+    # The rows held stay under the cap but for the oldest batch, which always takes its own rows.
+    assert sweeper.most <= row_cap + max(len(x) for x in inputs)
+    if not lookahead or max_batches == 1:
+        assert st["in_flight_mean"] == 1.0
+    elif row_cap < 200:
+        assert st["rows_evicted"] > 0  # younger batches gave their rows back to the oldest
     if row_cap >= 10_000:
-        assert st["superbatches"] == 2  # the whole pass in one superbatch (23 batches < 64)
+        assert st["rows_evicted"] == 0 and st["in_flight_mean"] > 1
     stream.close()
 
 
-class Alternating(Stager):
-    """Halves and the whole region in turn, whatever the timings: every transition is taken."""
-
-    def observe(self, batches: int, read_s: float, compute_s: float) -> None:
-        self.switches += 1
-        self.halves = not self.halves
-
-
-def test_switching_between_halves_and_the_whole_region_keeps_every_row(tiny_graph):
+def test_a_failing_read_reaches_the_caller(tiny_graph):
     g = GraphDir(tiny_graph)
-    in_ram, store = FeatureStore(g, in_memory=True), FeatureStore(g)
-    inputs = random_batches(600, 31, seed=7)
-    stager = Alternating(store, FeatureReader(g), 250, 4)
-    stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, stager=stager)
-    for _ in range(2):
-        assert all(torch.equal(b.x, in_ram.gather(b.input_nodes)) for b in stream)
-    st = stager.stats()
-    assert st["whole_region_reads"] > 0 and st["whole_region_reads"] < st["superbatches"]
-    assert st["rows_copied"] > 0  # halves after halves still carry shared rows
+    store = FeatureStore(g)
+
+    class Broken(FeatureReader):
+        def read_rows(self, ids, out=None):
+            raise OSError(5, "Input/output error")
+
+    stream = BatchStream(
+        lambda: FixedLoader(random_batches(600, 3, seed=1)), store, None, prefetch=0,
+        sweeper=Sweeper(store, Broken(g), 100, 4),
+    )  # fmt: skip
+    with pytest.raises(OSError, match="Input/output error"):
+        list(stream)
     stream.close()
-
-
-def test_the_whole_region_is_taken_when_the_read_outweighs_compute(tiny_graph):
-    g = GraphDir(tiny_graph)
-    s = Stager(FeatureStore(g), FeatureReader(g), 100, 4)
-    s.observe(4, read_s=1.0, compute_s=0.6)  # read 0.25 s a batch, compute 0.15: halves hide it
-    assert s.halves
-    s.observe(4, read_s=1.3, compute_s=0.6)  # read over twice the compute
-    assert not s.halves and s.switches == 1
-    s.observe(4, read_s=0.4, compute_s=0.6)  # under twice, not yet under half: stays
-    assert not s.halves
-    s.observe(4, read_s=0.2, compute_s=0.6)
-    assert s.halves and s.switches == 2
-    pinned = Stager(FeatureStore(g), FeatureReader(g), 100, 4, adaptive=False)
-    pinned.observe(4, read_s=10.0, compute_s=0.1)
-    assert pinned.halves
 
 
 def _run(graph, tmp_path, name: str, *extra: str, exp: str = "sage_2hop") -> tuple[list[dict], dict, dict]:
@@ -151,7 +138,7 @@ def test_training_with_features_read_ahead_equals_features_in_ram(tiny_graph, tm
 
 
 def test_link_training_with_features_read_equals_features_in_ram(tiny_graph, tmp_path):
-    """Link batches draw negatives from torch's RNG: staged one at a time, each sampled after the batch
+    """Link batches draw negatives from torch's RNG: one in flight at a time, each sampled after the batch
     before it computed, the run equals the in-memory one."""
     link = ("task=link", "sampler.fanouts=[5,5]")
     ram, _, w_ram = _run(
@@ -179,12 +166,10 @@ def test_auto_reads_ahead_when_features_do_not_fit(tiny_graph, tmp_path):
     lean = estimate(w, "read", 0, Budget(10**12, "t"), structure="memory")
     p, said = plan(w, "auto", 0, Budget(lean.must_fit + 600_000_000, "t"))
     assert p.fits and p.feature_cache == "read" and p.structure == "memory"
-    assert said[0].startswith("features read from disk a superbatch ahead")
+    assert said[0].startswith("features read from disk ahead of the model")
     assert p.stage_rows > shape.input_rows and 1 < p.stage_batches <= 64
     assert p.must_fit <= p.budget.bytes
-    assert "read a superbatch ahead" in p.line() and "graph structure in RAM" in p.line()
-    # The staging buffers take their share of the room, not more.
-    staged = p.parts["staged rows (2 superbatches)"] + p.parts["superbatch blocks"]
-    assert (
-        staged - lean.parts["staged rows (2 superbatches)"] - lean.parts["superbatch blocks"] <= 600_000_000
-    )
+    assert "read from disk by a sweep" in p.line() and "graph structure in RAM" in p.line()
+    # The rows read ahead and the blocks in flight take their share of the room, not more.
+    ahead = p.parts["rows read ahead"] + p.parts["blocks in flight"]
+    assert ahead - lean.parts["rows read ahead"] - lean.parts["blocks in flight"] <= 600_000_000
