@@ -89,8 +89,10 @@ def test_cluster_batch_as_loss_blocks_gives_the_subgraphs_outputs_and_gradients(
         x = x_all[torch.tensor([rows[int(v)] for v in cut.input_nodes])]
         got, got_grads = outputs_and_grads(model, cut.layers(3), x)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # Gradients sum over differently laid-out blocks in float32: the pool aggregator's came 1.2e-4 apart
+        # (relative) in some runs of the same code and passed in others; a wrong gradient is off by far more.
         for a, w in zip(got_grads, want_grads, strict=True):
-            torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a, w, rtol=1e-3, atol=1e-5)
 
 
 def test_loss_blocks_hold_exactly_the_receptive_field_of_the_seeds(gd, g):
