@@ -85,7 +85,7 @@ def test_swept_batches_equal_in_memory_gathers(
         assert seen == len(inputs)
     st = sweeper.stats()
     assert st["batches"] == 2 * len(inputs)
-    # Every row a batch needs was read at least once for it; none came from the page-faulting fallback.
+    # Every row the batches need was read by the sweep at least once (hot-cache rows are never read).
     assert st["rows_read"] >= len(torch.unique(torch.cat(inputs))) - hot
     # The rows held stay under the cap but for the oldest batch, which always takes its own rows.
     assert sweeper.most <= row_cap + max(len(x) for x in inputs)

@@ -195,7 +195,8 @@ class MemoryPlan:
     def features_said(self) -> str:
         if self.feature_cache == "read":
             return (
-                f"read from disk by a sweep over the file (up to {self.stage_batches} batches in flight "
+                f"read from disk by a sweep over the file (up to {self.stage_batches} "
+                f"batch{'' if self.stage_batches == 1 else 'es'} in flight "
                 f"holding up to {self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])})"
             )
         return "in RAM" if self.feature_cache == "memory" else "memory-mapped"
