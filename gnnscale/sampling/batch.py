@@ -7,6 +7,7 @@ output nodes' labels). Fields a formation does not use stay None.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -60,3 +61,12 @@ class Batch:
             if value is not None:
                 setattr(self, name, value.to(device))
         return self
+
+
+def next_sampled(it) -> Batch | None:
+    """The loader's next batch with the time sampling it took (its sample_s); None when it is done."""
+    t0 = time.perf_counter()
+    b = next(it, None)
+    if b is not None:
+        b.sample_s = time.perf_counter() - t0
+    return b

@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from gnnscale.sampling.batch import Batch
+from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.training.sweep import swept_batches
 
@@ -148,12 +148,10 @@ class BatchStream:
         try:
             while True:
                 while not exhausted and len(pending) <= self.prefetch:
-                    t0 = time.perf_counter()
-                    b = next(it, None)
+                    b = next_sampled(it)
                     if b is None:
                         exhausted = True
                         break
-                    b.sample_s = time.perf_counter() - t0
                     out = self.buffers.take(len(b.input_nodes))
                     if self._pool is not None:
                         pending.append(self._pool.submit(self._gather, b, out))

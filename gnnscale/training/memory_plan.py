@@ -259,6 +259,7 @@ def estimate(
     feature_cache: str,
     prefetch: int,
     budget: Budget,
+    *,
     cache_rows: int = 0,
     structure: str = "mmap",
     stage_rows: int = 0,
@@ -373,7 +374,10 @@ def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     )
     room -= (batches - 1) * block
     rows = min(s.num_nodes, p.stage_rows + room // per_row)
-    return estimate(w, p.feature_cache, p.prefetch, p.budget, p.cache_rows, p.structure, rows, batches)
+    return estimate(
+        w, p.feature_cache, p.prefetch, p.budget,
+        cache_rows=p.cache_rows, structure=p.structure, stage_rows=rows, stage_batches=batches,
+    )  # fmt: skip
 
 
 def plan_eval_batches(
@@ -463,4 +467,8 @@ def _with_cache(w: Workload, p: MemoryPlan, rows: int, decisions: list[str]) -> 
             f"hot-feature cache {asked} -> {got}: a larger one would not fit the memory budget "
             f"({gb(p.budget.bytes)}; the rest of training needs {gb(p.must_fit)})"
         )
-    return estimate(w, p.feature_cache, p.prefetch, p.budget, fit, p.structure) if fit else p
+    return (
+        estimate(w, p.feature_cache, p.prefetch, p.budget, cache_rows=fit, structure=p.structure)
+        if fit
+        else p
+    )

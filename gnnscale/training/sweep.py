@@ -37,7 +37,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from gnnscale.sampling.batch import Batch
+from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_store import FeatureStore
 
 # Rows the sweep reads in one step (a chunk of node ids): large enough for the disk's streaming rate,
@@ -336,13 +336,10 @@ def swept_batches(sweeper: Sweeper, it: Iterator[Batch], take, gather_into) -> I
     try:
         while True:
             while not exhausted and sweeper.may_join():
-                t0 = time.perf_counter()
-                b = next(it, None)
-                if b is None:
-                    exhausted = True
-                    break
-                b.sample_s = time.perf_counter() - t0
-                sweeper.join(b)
+                b = next_sampled(it)
+                exhausted = b is None
+                if b is not None:
+                    sweeper.join(b)
             if not sweeper.in_flight:
                 return
             ready, seconds = sweeper.wait(joining=not exhausted)
