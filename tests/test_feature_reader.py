@@ -302,3 +302,31 @@ def test_a_shard_cut_short_under_the_reader_is_an_error_and_the_reader_goes_on(g
             reader._fds[1] = real
         ids = torch.arange(0, NODES, 3)
         assert torch.equal(reader.read_rows(ids), store.gather(ids))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("max_rows", [1, 333, 1000, 5000])
+def test_spans_are_whole_rows_of_the_in_memory_features(graph, store, direct, max_rows):
+    """Spans cut at shard boundaries, none longer than asked; each read whole equals the in-memory rows,
+    first and last spans included, with several in flight into their own buffers."""
+    need_direct(direct, first_shard(graph))
+    with FeatureReader(graph, direct=direct, max_request_bytes=64 << 10) as reader:
+        starts = reader.spans(max_rows)
+        assert starts[0] == 0 and starts[-1] == NODES and (np.diff(starts) > 0).all()
+        assert np.diff(starts).max() <= max_rows
+        assert set(range(0, NODES, PER_SHARD)) <= set(starts.tolist())  # no span crosses a shard
+        picks = [0, len(starts) // 2, len(starts) - 2] if len(starts) > 4 else range(len(starts) - 1)
+        bufs = {i: reader.span_buffer(int(np.diff(starts).max())) for i in picks}
+        reads = {i: reader.read_span(starts[i], starts[i + 1], bufs[i]) for i in picks}  # all in flight
+        for i, job in reads.items():
+            rows = job.result().view(store.dtype)
+            assert torch.equal(rows, store.gather(torch.arange(starts[i], starts[i + 1]))), i
+        assert reader.stats["bytes_read"] >= sum(int(starts[i + 1] - starts[i]) for i in picks) * DIM * 4
+
+
+def test_a_span_must_lie_in_one_shard_and_fit_its_buffer(graph):
+    with FeatureReader(graph, direct=False) as reader:
+        with pytest.raises(IndexError, match="one shard"):
+            reader.read_span(PER_SHARD - 1, PER_SHARD + 1, reader.span_buffer(2))
+        with pytest.raises(ValueError, match="does not fit"):
+            reader.read_span(0, 100, reader.span_buffer(10))

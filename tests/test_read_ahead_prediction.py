@@ -12,6 +12,7 @@ from gnnscale.profile.read_ahead import predict_read_ahead, read_seconds
 from gnnscale.sampling.neighbor import NeighborBlockSampler
 from gnnscale.storage.feature_reader import FeatureReader
 from gnnscale.training.data import load_train_data
+from gnnscale.training.sweep import FEW_BATCHES, FLIGHT_PER_CAPACITY_FEW
 
 DISK = {
     "seq_mb_s": 100.0,
@@ -39,7 +40,10 @@ def _plan(rows: int, batches: int) -> dict:
     return {"feature_cache": "read", "stage_rows": rows, "stage_batches": batches}
 
 
-def test_a_pass_of_the_sweep_is_priced_from_the_readers_plan_of_the_batches_in_flight(tiny):
+@pytest.mark.parametrize("dense", [True, False], ids=["whole_chunks", "sparse_rows"])
+def test_a_pass_of_the_sweep_is_priced_from_what_it_reads(tiny, monkeypatch, dense):
+    """Dense unions: the whole feature file in 4 MiB requests; sparse ones: the reader's own plan."""
+    monkeypatch.setattr(read_ahead, "reads_dense", lambda *a: dense)
     sampler, bs = NeighborBlockSampler([3, 3]), 16
     dgl.seed(0)
     p = predict_read_ahead(tiny, sampler, _plan(120, 8), bs, step_s=0.01)
@@ -47,13 +51,19 @@ def test_a_pass_of_the_sweep_is_priced_from_the_readers_plan_of_the_batches_in_f
     drawn = read_ahead.union_growth(tiny.g, tiny.splits["train"], sampler, bs, tiny.g.num_nodes(), 8)
     mean_rows = sum(len(b) for b, _ in drawn) / len(drawn)
     k = p["batches_in_flight"]
-    # as many in flight as the rows held carry (FLIGHT_PER_CAPACITY whole batches' worth), up to the plan's
-    assert k == max(1, min(8, int(read_ahead.FLIGHT_PER_CAPACITY * 120 // mean_rows)))
-    # the same batches as the prediction drew, priced by the reader itself
+    # as many in flight as the rows held carry (FLIGHT_PER_CAPACITY_FEW whole batches' worth), up to the plan's
+    assert 120 / mean_rows < FEW_BATCHES and k == max(
+        1, min(8, round(FLIGHT_PER_CAPACITY_FEW * 120 / mean_rows))
+    )
     union = torch.unique(torch.cat([torch.from_numpy(b) for b, _ in drawn[:k]]))
     with FeatureReader(tiny.graph) as reader:
-        plan = reader.plan(union)
-    assert p["pass_rows"] == len(union) and p["pass_bytes"] == plan["bytes"]
+        if dense:  # every shard's rows, one request each (the tiny graph's shards are under 4 MiB)
+            nbytes = reader.num_nodes * reader.row_bytes
+            plan = {"bytes": nbytes, "requests": len(tiny.graph.meta["shards"])}
+        else:  # the same batches as the prediction drew, priced by the reader itself
+            plan = reader.plan(union)
+    assert p["pass_bytes"] == plan["bytes"] and p["pass_requests"] == plan["requests"]
+    assert p["pass_rows"] == len(union)
     read = read_seconds(plan, DISK)[0]
     assert p["batch_s"] == pytest.approx(max(read / k, 0.01), abs=1e-4)
     assert p["seeds_per_s"] == pytest.approx(bs / p["batch_s"], rel=1e-3)

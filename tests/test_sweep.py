@@ -54,19 +54,20 @@ class CappedSweeper(Sweeper):
         return planned
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])
 @pytest.mark.parametrize(
     "row_cap,max_batches,chunk_rows,hot,degree,lookahead",
     [
         (1, 1, 7, 0, False, True),  # one batch in flight, over the cap alone: it still completes
         (150, 4, 50, 0, False, True),  # batches of up to 199 rows against 150 held: evictions
         (400, 64, 64, 0, False, True),
-        (10_000, 64, 0, 0, False, True),  # the whole graph one chunk
+        (10_000, 64, 0, 0, False, True),  # a shard a chunk
         (200, 8, 33, 120, True, True),  # hot-feature cache and the degree column
         (300, 8, 20, 0, False, False),  # lookahead=False: one in flight
     ],
 )
 def test_swept_batches_equal_in_memory_gathers(
-    tiny_graph, row_cap, max_batches, chunk_rows, hot, degree, lookahead
+    tiny_graph, row_cap, max_batches, chunk_rows, hot, degree, lookahead, dense
 ):
     g = GraphDir(tiny_graph)
     indptr = open_csc(g)[0] if degree else None
@@ -75,7 +76,7 @@ def test_swept_batches_equal_in_memory_gathers(
     if hot:
         store.cache_hottest(hot, open_csc(g)[0])
     inputs = random_batches(600, 23, seed=row_cap)
-    sweeper = CappedSweeper(store, FeatureReader(g), row_cap, max_batches, lookahead, chunk_rows)
+    sweeper = CappedSweeper(store, FeatureReader(g), row_cap, max_batches, lookahead, chunk_rows, dense)
     stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, sweeper=sweeper)
     for _ in range(2):  # a second pass starts the sweep again
         seen = 0
@@ -84,6 +85,7 @@ def test_swept_batches_equal_in_memory_gathers(
             seen += 1
         assert seen == len(inputs)
     st = sweeper.stats()
+    assert st["reads"] == ("dense" if dense and lookahead else "sparse")
     assert st["batches"] == 2 * len(inputs)
     # Every row the batches need was read by the sweep at least once (hot-cache rows are never read).
     assert st["rows_read"] >= len(torch.unique(torch.cat(inputs))) - hot
@@ -98,7 +100,8 @@ def test_swept_batches_equal_in_memory_gathers(
     stream.close()
 
 
-def test_a_failing_read_reaches_the_caller(tiny_graph):
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])
+def test_a_failing_read_reaches_the_caller(tiny_graph, dense):
     g = GraphDir(tiny_graph)
     store = FeatureStore(g)
 
@@ -106,9 +109,12 @@ def test_a_failing_read_reaches_the_caller(tiny_graph):
         def read_rows(self, ids, out=None):
             raise OSError(5, "Input/output error")
 
+        def _read_request(self, *args):
+            raise OSError(5, "Input/output error")
+
     stream = BatchStream(
         lambda: FixedLoader(random_batches(600, 3, seed=1)), store, None, prefetch=0,
-        sweeper=Sweeper(store, Broken(g), 100, 4),
+        sweeper=Sweeper(store, Broken(g), 100, 4, dense=dense),
     )  # fmt: skip
     with pytest.raises(OSError, match="Input/output error"):
         list(stream)

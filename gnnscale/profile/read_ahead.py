@@ -3,10 +3,11 @@ the disk's measured rates, before any training.
 
 The training side (training/sweep.py) sweeps the feature file round and round, reading in each chunk the
 rows of the batches in flight; a batch joins, is handed its rows as the sweep passes them, and computes
-one pass later. A pass reads what the reader's plan of the in-flight batches' union covers: its bytes at
-the disk's rate of coalesced reads, or its requests at the 64 KiB random rate with 16 in flight,
-whichever is slower (storage/disk_probe.py measures both once per graph_dir). With K batches in flight
-(as many as the rows read ahead hold, FLIGHT_PER_CAPACITY times the rows of a whole batch, up to the
+one pass later. Where the union of the batches in flight is dense (training.sweep.reads_dense) a pass
+reads every chunk whole: the whole feature file in requests of 4 MiB; else what the reader's plan of the
+union covers. Either at the disk's rate of coalesced reads, or by its requests at the 64 KiB random rate
+with 16 in flight, whichever is slower (storage/disk_probe.py measures both once per graph_dir). With K batches in flight
+(as many as the rows read ahead hold, training.sweep.flight_target of the rows of a whole batch, up to the
 plan's most), one pass serves K batches, and the reads overlap the model's compute:
 
     per batch = max(read(union of K batches) / K, step)
@@ -24,7 +25,7 @@ import torch
 
 from gnnscale.storage.disk_probe import probe_disk
 from gnnscale.storage.feature_reader import FeatureReader
-from gnnscale.training.sweep import FLIGHT_PER_CAPACITY
+from gnnscale.training.sweep import CHUNK_BYTES, flight_target, reads_dense
 
 PROBE_SEED = 0
 RANDOM_REQUEST = 64 << 10  # the probe's random-read size (its rand64k_mb_s_qd16)
@@ -38,6 +39,17 @@ def read_seconds(plan: dict, disk: dict) -> tuple[float, str]:
     iops = disk["rand64k_mb_s_qd16"] * 1e6 / RANDOM_REQUEST
     by_requests = plan["requests"] / max(iops, 1e-9)
     return (by_bytes, "disk bandwidth") if by_bytes >= by_requests else (by_requests, "disk IOPS")
+
+
+def _whole_file(reader: FeatureReader) -> dict:
+    """What a pass of a sweep reading its chunks whole reads (FeatureReader.read_span of every span)."""
+    spans = np.diff(reader.spans(max(1, CHUNK_BYTES // reader.row_bytes))) * reader.row_bytes
+    return {
+        "requests": int(np.ceil(spans / reader.max_request_bytes).sum()),
+        "bytes": int(spans.sum()),
+        "rows": reader.num_nodes,
+        "useful_bytes": int(spans.sum()),
+    }
 
 
 def union_growth(g, ids: torch.Tensor, sampler, batch_size: int, cap_rows: int, max_batches: int) -> list:
@@ -63,14 +75,18 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
     """The prediction (see the module doc) for a plan that reads features ahead; None for any other."""
     if memory_plan.get("feature_cache") != "read" or not memory_plan.get("stage_rows"):
         return None
-    rows, max_batches = int(memory_plan["stage_rows"]), int(memory_plan["stage_batches"])
+    max_batches = int(memory_plan["stage_batches"])
+    rows = int(memory_plan["stage_rows"]) - int(memory_plan.get("stage_reserve", 0))  # the sweep's cap
     disk = probe_disk(data.graph.path)
     drawn = union_growth(data.g, data.splits["train"], sampler, batch_size, data.g.num_nodes(), max_batches)
     mean_rows = float(np.mean([len(b) for b, _ in drawn]))
-    k = int(min(len(drawn), max(1, FLIGHT_PER_CAPACITY * rows // max(mean_rows, 1.0))))
+    k = int(min(len(drawn), flight_target(rows, mean_rows, max_batches)))
     union = torch.from_numpy(np.unique(np.concatenate([b for b, _ in drawn[:k]])))
     with FeatureReader(data.graph) as reader:
-        plan = reader.plan(union)
+        if reads_dense(reader.num_nodes, reader.row_bytes, rows, reader.gap_bytes):
+            plan = _whole_file(reader)
+        else:
+            plan = reader.plan(union)
     read_s, bound = read_seconds(plan, disk)
     per_batch = max(read_s / k, step_s)
     return {
@@ -98,8 +114,8 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
             )
         },  # fmt: skip
         "what": (
-            "one pass of the sweep reads the union of the batches in flight at the disk's measured rates "
-            "(sorted, coalesced, 16 in flight) and serves them all; per batch max(pass / K, step), step = "
-            "one batch with its features in RAM"
+            "one pass of the sweep reads the union of the batches in flight (every chunk whole where that "
+            "union is dense) at the disk's measured rates and serves them all; per batch max(pass / K, "
+            "step), step = one batch with its features in RAM"
         ),
     }

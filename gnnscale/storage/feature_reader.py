@@ -66,8 +66,9 @@ _REBUILD_HINT = "re-run `gnnscale shard` with overwrite=true"
 
 # --------------------------------------------------------------------------- low-level reads
 def aligned_buffer(nbytes: int) -> mmap.mmap:
-    """Anonymous memory of at least nbytes: mmap memory is page-aligned, as O_DIRECT needs."""
-    return mmap.mmap(-1, max(ALIGN, _align_up(nbytes, ALIGN)))
+    """Anonymous memory of at least nbytes: mmap memory is page-aligned, as O_DIRECT needs. Private, so
+    it counts as the process's anonymous memory (a shared mapping would count as shmem), as planned."""
+    return mmap.mmap(-1, max(ALIGN, _align_up(nbytes, ALIGN)), flags=mmap.MAP_PRIVATE)
 
 
 def open_read(path: str | Path, direct: bool) -> int:
@@ -361,6 +362,31 @@ class _Ring:
         self.live.popleft()
 
 
+class SpanRead:
+    """A span being read (FeatureReader.read_span): result() waits for it and gives its rows, a
+    [rows, feat_dim] view of the buffer (valid until the buffer is read into again)."""
+
+    def __init__(self, reader, jobs: list, buf: mmap.mmap, shift: int, rows: int, nbytes: int):
+        self.reader, self.jobs, self.buf = reader, jobs, buf
+        self.shift, self.rows, self.nbytes = shift, rows, nbytes
+        self.t0 = time.perf_counter()
+
+    def result(self) -> torch.Tensor:
+        try:
+            for job in self.jobs:
+                job.result()
+        except BaseException:
+            _settle(self.jobs)  # nothing may still write into the buffer once this returns
+            raise
+        r = self.reader
+        r.stats["requests"] += len(self.jobs)
+        r.stats["bytes_read"] += self.nbytes
+        r.stats["seconds"] += time.perf_counter() - self.t0
+        raw = torch.frombuffer(self.buf, dtype=torch.uint8, count=self.rows * r.row_bytes, offset=self.shift)
+        # bytes, not dtype: the rows need not be aligned to their element size within the page
+        return raw.view(self.rows, r.row_bytes)
+
+
 # --------------------------------------------------------------------------- the reader
 class FeatureReader:
     """Rows of the stored feature columns for any node IDs, read explicitly (see the module doc).
@@ -457,6 +483,9 @@ class FeatureReader:
             # one "row" starting at every byte of the ring: index_select then copies each wanted row
             # wherever a request placed it (rows are not aligned to row_bytes inside a request)
             self._rows_at = torch.as_strided(ring, (len(ring) - self.row_bytes + 1, self.row_bytes), (1, 1))
+        self._ensure_pool()
+
+    def _ensure_pool(self) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="feature-reader")
 
@@ -578,6 +607,51 @@ class FeatureReader:
         else:
             dst.index_copy_(0, dst_rows, torch.index_select(self._rows_at, 0, src))
 
+    # -- dense spans (a sweep's chunks)
+    def spans(self, max_rows: int) -> np.ndarray:
+        """Node ids where spans of at most max_rows rows start, cut at shard boundaries (a span lies in one
+        shard's `feat` block, so it is one byte range), ending with num_nodes."""
+        cuts = [
+            np.linspace(lo, hi, -(-(hi - lo) // max(1, max_rows)) + 1).round().astype(np.int64)[:-1]
+            for lo, hi in zip(self._starts[:-1].tolist(), self._starts[1:].tolist(), strict=True)
+            if hi > lo
+        ]
+        return np.concatenate([*cuts, [self.num_nodes]]).astype(np.int64)
+
+    def span_buffer(self, max_rows: int) -> mmap.mmap:
+        """A buffer read_span can read up to max_rows rows into (their byte range, aligned at both ends)."""
+        return aligned_buffer(max_rows * self.row_bytes + 2 * ALIGN)
+
+    def read_span(self, lo: int, hi: int, buf: mmap.mmap) -> SpanRead:
+        """Start reading rows [lo, hi) of one shard (a span of spans()) into buf: whole, in requests of
+        max_request_bytes, all in flight at once on the reader's threads. For rows that are most of their
+        range this beats the coalesced sparse read: no planning, no copy out of the ring (the rows are
+        read where they are used), and the disk sees only long requests."""
+        lo, hi = int(lo), int(hi)
+        s = int(np.searchsorted(self._starts, lo, side="right") - 1)
+        if not (0 <= lo < hi <= self._starts[s + 1]):
+            raise IndexError(f"rows [{lo}, {hi}) are not within one shard")
+        e = self.extents[s]
+        first = e.offset + (lo - int(self._starts[s])) * self.row_bytes
+        end = first + (hi - lo) * self.row_bytes
+        a, b = first // self._align * self._align, _align_up(end, self._align)
+        if b - a > len(buf):
+            raise ValueError(f"a span of {b - a} bytes does not fit a buffer of {len(buf)}")
+        self._ensure_pool()
+        view, step = memoryview(buf), self.max_request_bytes
+        jobs = [
+            self._pool.submit(
+                self._read_request, s, view[o - a : min(o + step, b) - a], o, min(o + step, end) - o
+            )
+            for o in range(a, b, step)
+        ]
+        return SpanRead(self, jobs, buf, first - a, hi - lo, b - a)
+
+    def _read_request(self, s: int, view: memoryview, off: int, need: int) -> None:
+        got = os.preadv(self._fds[s], [view], off)
+        if got < need:
+            self._finish_short(s, view, off, got, need)
+
     def _finish_short(self, s: int, view: memoryview, off: int, got: int, need: int) -> None:
         if got > 0 and not (self.direct and got % ALIGN):
             got += read_into(self._fds[s], view[got:], off + got, self.direct)
@@ -616,4 +690,13 @@ class FeatureReader:
             pass
 
 
-__all__ = ["FeatureReader", "FeatExtent", "feat_extent", "aligned_buffer", "open_read", "read_into", "ALIGN"]
+__all__ = [
+    "FeatureReader",
+    "SpanRead",
+    "FeatExtent",
+    "feat_extent",
+    "aligned_buffer",
+    "open_read",
+    "read_into",
+    "ALIGN",
+]

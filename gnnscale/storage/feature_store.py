@@ -156,9 +156,8 @@ class FeatureStore:
     def gather(
         self, ids: torch.Tensor, out: torch.Tensor | None = None, staged: tuple | None = None
     ) -> torch.Tensor:
-        """Rows of `ids` in that order. staged=(slot, pieces): rows read ahead (training/sweep.py) in a list
-        of tensors, node -> row of their concatenation in `slot` (-1 = not there); the rows neither they
-        nor the hot cache hold are read from the shards."""
+        """Rows of `ids` in that order. staged=(positions, pieces): rows read ahead (training/sweep.py),
+        pieces[k] the rows of ids[positions[k]]; with the hot cache's they must cover every row."""
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
             raise IndexError(f"node id out of range [0, {self.num_nodes})")
@@ -179,15 +178,13 @@ class FeatureStore:
             ids = ids[at]
             self.hits += len(cached)  # one writer: the thread gathering (GIL-atomic enough for counts)
             self.misses += len(at)
-        if staged is not None and len(ids):
-            slot, pieces = staged
-            pos = slot[ids]
-            have = pos >= 0
-            took = have.nonzero().squeeze(1)
-            self._copy_pieces(pieces, pos[took].to(torch.int64), stored, took if at is None else at[took])
-            left = (~have).nonzero().squeeze(1)
-            at = left if at is None else at[left]
-            ids = ids[left]
+        if staged is not None:
+            positions, pieces = staged
+            if sum(len(p) for p in pieces) != len(ids):  # rows left uncovered would be garbage
+                raise RuntimeError(f"the rows read ahead cover {sum(map(len, pieces))} of {len(ids)} rows")
+            for at_k, piece in zip(positions, pieces, strict=True):
+                stored.index_copy_(0, at_k, piece)
+            return out
         shard = torch.searchsorted(self._starts, ids, right=True) - 1
         order = torch.argsort(shard)
         counts = torch.bincount(shard, minlength=len(self._feats)).tolist()
@@ -201,22 +198,6 @@ class FeatureStore:
             )
             pos += c
         return out
-
-    @classmethod
-    def _copy_pieces(
-        cls, pieces: list, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor
-    ) -> None:
-        """dst[dst_rows] = cat(pieces)[src_rows], without the concatenation (a batch's worth of memory)."""
-        ends = torch.tensor([len(p) for p in pieces], dtype=torch.int64).cumsum(0)
-        which = torch.searchsorted(ends, src_rows, right=True)
-        order = torch.argsort(which)
-        at = 0
-        for i, c in enumerate(torch.bincount(which, minlength=len(pieces)).tolist()):
-            if c:
-                rows = order[at : at + c]
-                first = int(ends[i]) - len(pieces[i])
-                cls._copy_rows(pieces[i], src_rows[rows] - first, dst, dst_rows[rows])
-                at += c
 
     @staticmethod
     def _copy_rows(

@@ -12,9 +12,10 @@ memory-mapped features, the pages one training batch reads (below that the kerne
 next batch needs, and every batch goes back to disk).
 
 Features that do not fit in RAM are read by a sweep over the feature file (feature_cache=read,
-training/sweep.py): the rows handed to the batches in flight, a node -> row map, the sweep's two chunk
-buffers and the blocks of the batches sampled ahead; the rows get what the budget leaves
-(STAGE_SHARE of it), which sets how many batches share a pass over the disk. The graph structure is held
+training/sweep.py): the rows handed to the batches in flight with their index arrays, the sweep's two
+chunk buffers (and the reader's own where it reads sparse rows) and the blocks of the batches sampled
+ahead; the rows get what the budget leaves (STAGE_SHARE of it), which sets how many batches share a
+pass over the disk. The graph structure is held
 in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
 
 A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
@@ -35,6 +36,7 @@ import torch
 
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.training.sweep import CHUNK_BYTES as SWEEP_CHUNK_BYTES
+from gnnscale.training.sweep import reads_dense
 from gnnscale.utils.memlimit import Budget, gb
 from gnnscale.utils.memory import rss_anon_mb, rss_mb
 
@@ -50,14 +52,15 @@ TRAINER_OVERHEAD = 48 << 20
 # (4 runs). The plan's other parts are one-off allocations.
 ALLOCATOR_SLACK = 0.15
 TRANSIENT_PARTS = ("gather buffers", "batch working set", "blocks in flight")
-# The feature reader's own read buffers (storage/feature_reader.FeatureReader's buffer_bytes default).
+# The feature reader's own read buffers (storage/feature_reader.FeatureReader's buffer_bytes default):
+# used by sparse reads only (a sweep that reads its chunks whole reads them into its own buffers).
 READ_BUFFERS = 64 << 20
 # Of what the budget leaves once everything else is counted, the share the rows read ahead take: the rest
 # stays for the page cache of the program's own files and the heap's slack.
 STAGE_SHARE = 0.9
 # At most this many batches in flight on the sweep: past that only the held blocks grow.
 MAX_STAGE_BATCHES = 64
-# Index arrays per row read ahead (its node id in its batch's sorted list, and the piece it sits in).
+# Index arrays per row read ahead (its node id in its batch's sorted list, and its input position).
 STAGED_ROW_INDEX = 2 * 8
 # The sweep's own buffers: two chunks (one read while the other is cut into pieces).
 SWEEP_BUFFERS = 2 * SWEEP_CHUNK_BYTES
@@ -167,6 +170,14 @@ class MemoryPlan:
     structure: str = "mmap"  # memory | mmap: where the graph structure (CSC) is read from
     stage_rows: int = 0  # feature_cache=read: rows the batches in flight may hold in all
     stage_batches: int = 0  # feature_cache=read: the most batches in flight on the sweep
+    # of stage_rows, what the oldest batch may take past the sweep's cap (it always completes): one batch's
+    # rows. Measured without it, peak heap passed the plan by a third to a half of a batch's rows.
+    stage_reserve: int = 0
+
+    @property
+    def sweep_cap(self) -> int:
+        """Rows the sweep lets the batches in flight hold (training/sweep.Sweeper's row_cap)."""
+        return max(0, self.stage_rows - self.stage_reserve)
 
     @property
     def fits(self) -> bool:
@@ -210,6 +221,7 @@ class MemoryPlan:
             **(
                 {
                     "stage_rows": self.stage_rows,
+                    "stage_reserve": self.stage_reserve,
                     "stage_batches": self.stage_batches,
                 }
                 if self.stage_rows
@@ -278,10 +290,9 @@ def estimate(
         prefetch, slots = 0, 1  # the sweep reads ahead itself; gathers from what it read run inline
         stage_rows = max(int(stage_rows), rows)
         stage = {
-            # + the node -> row map of the batch being gathered (int32)
-            STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX) + s.num_nodes * 4,
+            STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX),
             "blocks in flight": stage_batches * _block_bytes(w.train),
-            "read buffers": READ_BUFFERS + SWEEP_BUFFERS,
+            "read buffers": _read_buffers(s, stage_rows),
         }
     else:
         stage_rows, stage_batches = 0, 0
@@ -312,6 +323,7 @@ def estimate(
     return MemoryPlan(
         feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes,
         structure=structure, stage_rows=stage_rows, stage_batches=stage_batches,
+        stage_reserve=rows if stage_rows else 0,
     )  # fmt: skip
 
 
@@ -361,6 +373,11 @@ def plan(
     return estimate(w, caches[-1], 0, budget, structure=structures[-1]), decisions
 
 
+def _read_buffers(s: Sizes, stage_rows: int) -> int:
+    """The sweep's two chunk buffers, and the reader's own where the sweep reads sparse rows."""
+    return SWEEP_BUFFERS + (0 if reads_dense(s.num_nodes, s.row_bytes, stage_rows) else READ_BUFFERS)
+
+
 def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     """The plan with the rows read ahead grown into STAGE_SHARE of what the budget leaves, and up to
     MAX_STAGE_BATCHES batches in flight whose blocks take no more than a fifth of that memory (the rows
@@ -374,6 +391,8 @@ def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     )
     room -= (batches - 1) * block
     rows = min(s.num_nodes, p.stage_rows + room // per_row)
+    freed = p.parts["read buffers"] - _read_buffers(s, rows)  # reading whole chunks needs no reader buffers
+    rows = min(s.num_nodes, rows + int(freed * STAGE_SHARE) // per_row)
     return estimate(
         w, p.feature_cache, p.prefetch, p.budget,
         cache_rows=p.cache_rows, structure=p.structure, stage_rows=rows, stage_batches=batches,

@@ -13,6 +13,14 @@ many batches share a pass as a union staged whole in the same memory, and the re
 which a union staged whole cannot (two halves that do span half as many). MariusGNN and DiskGNN also
 turn random row reads into sequential ones; Ginex's superbatch is the look-ahead.
 
+Reads: chunks are cut at shard boundaries, so each is one byte range of one file. Where the batches in
+flight need rows closer together than the reader's coalescing gap (reads_dense: the usual case, since
+they hold a good share of the rows), a chunk is read whole straight into one of two chunk buffers
+(FeatureReader.read_span, 4 MiB requests all in flight) and each batch's rows are cut out of it; else
+only the union of their rows is read (FeatureReader.read_rows: sorted, coalesced). A batch's pieces
+are in node order, each with the positions its rows take in the batch's input rows, so the gather is
+one scatter copy per piece.
+
 Memory: the rows held stay under `row_cap`. When a chunk would overflow it, the batches that joined
 last give back the rows they got first (read again as the sweep comes round to them, which is when
 those batches would have been complete: they wait only for the chunks given back, and the chunks are
@@ -38,23 +46,46 @@ import numpy as np
 import torch
 
 from gnnscale.sampling.batch import Batch, next_sampled
+from gnnscale.storage.feature_reader import _settle
 from gnnscale.storage.feature_store import FeatureStore
 
 # Rows the sweep reads in one step (a chunk of node ids): large enough for the disk's streaming rate,
 # small enough that the chunk's buffer and the spacing of joins stay fine-grained.
 CHUNK_BYTES = 32 << 20
 # Batches in flight per batch the held rows could hold whole: evenly spaced along the sweep they hold half
-# their rows on average, but joins are not even. On the 5M-node bench (bench_outofcore.py, 3 GB cap):
-# 1.3 gave back no rows, 1.45 gave back under 1 % of the rows it read and ran 8 % faster, 1.6 gave back
-# a fifth or more (batches waiting a second pass) and ran slower than either.
+# their rows on average, but joins are not even. On the 5M-node bench (bench_outofcore.py, 3 GB cap, about
+# 10 whole batches' rows): 1.3 gave back no rows, 1.45 gave back under 1 % of the rows it read and ran 8 %
+# faster, 1.6-2.2 gave back a fifth or more (batches waiting a second pass) and ran slower than either.
 FLIGHT_PER_CAPACITY = 1.45
+# With rows for few whole batches, one join more or less is a large share: on the 2M-node bench (1.5 GB
+# cap, 3.3 whole batches' rows) 1.45 gave back 9.8M rows in 300 batches (a pass served 2.8 of the 4.9 in
+# flight); 1.2 and 1.0 gave back none and ran 1.26x faster.
+FEW_BATCHES, FLIGHT_PER_CAPACITY_FEW = 8.0, 1.2
+
+
+def flight_target(row_cap: int, mean_rows: float, max_batches: int) -> int:
+    """Batches in flight: as many as the rows held carry (FLIGHT_PER_CAPACITY), up to max_batches.
+    Rounded: with 3.3 whole batches' rows, 1.2 x 3.35 let a fifth batch join where 1.2 x 3.32 did not,
+    and that run gave back 9M rows (2M-node bench)."""
+    whole = row_cap / max(mean_rows, 1.0)
+    carry = whole * (FLIGHT_PER_CAPACITY if whole >= FEW_BATCHES else FLIGHT_PER_CAPACITY_FEW)
+    return int(max(1, min(max_batches, round(carry))))
+
+
+def reads_dense(num_nodes: int, row_bytes: int, row_cap: int, gap_bytes: int = 64 << 10) -> bool:
+    """Whether the sweep reads its chunks whole: the rows the batches in flight need (about
+    FLIGHT_PER_CAPACITY x row_cap of them, spread over the file) lie closer together than the gap the
+    reader's coalesced sparse reads would read through anyway (FeatureReader.gap_bytes)."""
+    density = min(1.0, FLIGHT_PER_CAPACITY * row_cap / max(num_nodes, 1))
+    return row_bytes <= density * gap_bytes
 
 
 class InFlight:
-    """One batch in flight: its rows not in the hot cache, sorted, and the slices the sweep handed it."""
+    """One batch in flight: its rows not in the hot cache, sorted (ids), where each goes in the batch's
+    input rows (dst), and the slices the sweep handed it."""
 
-    def __init__(self, batch: Batch, ids: np.ndarray, bounds: np.ndarray):
-        self.batch, self.ids, self.bounds = batch, ids, bounds
+    def __init__(self, batch: Batch, ids: np.ndarray, dst: np.ndarray, bounds: np.ndarray):
+        self.batch, self.ids, self.dst, self.bounds = batch, ids, dst, bounds
         counts = np.diff(bounds)
         self.missing = set(np.flatnonzero(counts).tolist())  # chunks whose rows it still needs
         self.pieces: dict[int, torch.Tensor] = {}
@@ -71,7 +102,8 @@ class InFlight:
 
 class Sweeper:
     """The sweep and the batches in flight (see the module doc). row_cap: rows the batches may hold in
-    all; max_batches: batches in flight at most; lookahead=False: one."""
+    all; max_batches: batches in flight at most; lookahead=False: one. dense: read each chunk whole
+    (FeatureReader.read_span) rather than its needed rows (read_rows); None: as reads_dense says."""
 
     def __init__(
         self,
@@ -81,6 +113,7 @@ class Sweeper:
         max_batches: int,
         lookahead: bool = True,
         chunk_rows: int = 0,
+        dense: bool | None = None,
     ):
         self.features, self.reader = features, reader
         self.lookahead = bool(lookahead)
@@ -88,13 +121,16 @@ class Sweeper:
         self.max_batches = max(1, int(max_batches)) if self.lookahead else 1
         n = features.num_nodes
         self.chunk_rows = int(chunk_rows) or max(1, CHUNK_BYTES // max(reader.row_bytes, 1))
-        if not self.lookahead:  # one batch at a time: its rows in one coalesced read, as a batch's own gather
-            self.chunk_rows = n
-        self.num_chunks = -(-n // self.chunk_rows)
-        self._starts = np.minimum(np.arange(self.num_chunks + 1, dtype=np.int64) * self.chunk_rows, n)
-        self._slot = torch.full((n,), -1, dtype=torch.int32)  # node -> row of the batch being gathered
-        self._rows: list | None = None  # the pieces of the batch being gathered
-        self._ids: torch.Tensor | None = None
+        if dense is None:
+            dense = reads_dense(n, reader.row_bytes, self.row_cap, reader.gap_bytes)
+        self.dense = bool(dense) and self.lookahead
+        if self.lookahead:  # chunks cut at shard boundaries: a chunk is one byte range of one file
+            self._starts = reader.spans(self.chunk_rows)
+        else:  # one batch at a time: its rows in one coalesced read, as a batch's own gather
+            self._starts = np.array([0, n], dtype=np.int64)
+        self.num_chunks = len(self._starts) - 1
+        self._staged: tuple | None = None  # (positions, pieces) of the batch being gathered
+        self._staged_held = 0  # its rows
         self._cv = threading.Condition()
         self._flight: deque[InFlight] = deque()
         self._held = 0
@@ -111,13 +147,17 @@ class Sweeper:
 
     def close(self) -> None:
         self.stop()
-        self._rows = None
+        self._staged = None
 
     # ------------------------------------------------------------ the caller's side
-    def _uncached(self, ids: torch.Tensor) -> np.ndarray:
+    def _uncached(self, nodes: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, dst): the batch's rows not in the hot cache in node order, and their input positions."""
         slot = self.features.hot_slot
-        ids = ids if slot is None else ids[slot[ids] < 0]
-        return np.unique(ids.numpy())
+        nodes = nodes.to(torch.int64)
+        keep = np.arange(len(nodes)) if slot is None else np.flatnonzero((slot[nodes] < 0).numpy())
+        # sorted once here, a piece of the sweep is copied straight into its positions at gather time
+        dst = keep[np.argsort(nodes.numpy()[keep], kind="stable")]
+        return nodes.numpy()[dst], dst
 
     @property
     def in_flight(self) -> int:
@@ -129,18 +169,16 @@ class Sweeper:
             return True
         return len(self._flight) < self._target() and self._steps >= self._join_at
 
-    def _target(self) -> float:
-        """Batches in flight: as many as the rows held carry (FLIGHT_PER_CAPACITY), up to max_batches."""
-        carry = FLIGHT_PER_CAPACITY * self.row_cap / max(self._mean_rows, 1.0)
-        return max(1.0, min(float(self.max_batches), carry))
+    def _target(self) -> int:
+        return flight_target(self.row_cap, self._mean_rows, self.max_batches)
 
     def _spacing(self) -> float:
         """Chunks of sweep between joins: the batches in flight spread over a pass."""
         return self.num_chunks / self._target()
 
     def join(self, batch: Batch) -> None:
-        ids = self._uncached(batch.input_nodes)
-        flight = InFlight(batch, ids, np.searchsorted(ids, self._starts))
+        ids, dst = self._uncached(batch.input_nodes)
+        flight = InFlight(batch, ids, dst, np.searchsorted(ids, self._starts))
         self._mean_rows = len(ids) if not self.batches else 0.9 * self._mean_rows + 0.1 * len(ids)
         with self._cv:
             self._flight.append(flight)
@@ -162,30 +200,28 @@ class Sweeper:
             return self._flight[0].complete, time.perf_counter() - t0
 
     def take(self) -> Batch:
-        """The oldest batch, its rows made the ones gather() reads."""
+        """The oldest batch, its rows made the ones gather() reads (still counted as held until
+        done_with: they live beside the gathered copy until then)."""
         with self._cv:
             self._in_flight_sum += len(self._flight)
             self._takes += 1
             f = self._flight.popleft()
-        rows = [f.pieces[c] for c in sorted(f.pieces)]  # in node order, as f.ids
-        f.pieces.clear()
-        ids = torch.from_numpy(f.ids)
-        self._slot[ids] = torch.arange(len(ids), dtype=torch.int32)
-        self._rows, self._ids = rows, ids
-        with self._cv:
-            self._held -= f.held
-            self._cv.notify_all()
+        chunks = sorted(f.pieces)
+        at = [torch.from_numpy(f.dst[f.bounds[c] : f.bounds[c + 1]]) for c in chunks]
+        self._staged = (at, [f.pieces.pop(c) for c in chunks])
+        self._staged_held = f.held
         return f.batch
 
     def gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The batch's rows from the hot-feature cache and what the sweep read for it."""
-        staged = (self._slot, self._rows) if self._rows else None
-        return self.features.gather(ids, out=out, staged=staged)
+        return self.features.gather(ids, out=out, staged=self._staged)
 
     def done_with(self) -> None:
-        if self._ids is not None:
-            self._slot[self._ids] = -1
-        self._rows = self._ids = None
+        self._staged = None
+        with self._cv:
+            self._held -= self._staged_held
+            self._staged_held = 0
+            self._cv.notify_all()
 
     def start(self) -> None:
         self._stop, self._error = False, None
@@ -200,7 +236,7 @@ class Sweeper:
             self._thread.join()
             self._thread = None
         self._flight.clear()
-        self._held = 0
+        self._held = self._staged_held = 0
 
     # ------------------------------------------------------------ the sweep (its own thread)
     def _next_chunk(self) -> int | None:
@@ -256,11 +292,12 @@ class Sweeper:
         return chunk, takers, [f.ids[f.bounds[chunk] : f.bounds[chunk + 1]] for f in takers]
 
     def _sweep(self) -> None:
-        # Two stages: the next chunk is read while the one before is cut into its takers' pieces.
+        # Two stages: the next chunk is read while the one before is cut into its takers' pieces. (Three
+        # chunks in flight read no faster in training on the 5M-node bench, and cost a chunk buffer more.)
         reads = ThreadPoolExecutor(1, thread_name_prefix="gnnscale-sweep-read")
         # one chunk (lookahead=False): each read into its own tensor, handed over whole
         bufs = [self._chunk_buffer(), self._chunk_buffer()] if self.num_chunks > 1 else [None, None]
-        ahead = None  # (chunk, takers, segs, future of (union, rows))
+        ahead = None  # (chunk, takers, segs, the read: result() -> rows)
         k = 0
         try:
             while True:
@@ -272,7 +309,13 @@ class Sweeper:
                     planned = self._plan()
                 nxt = None
                 if planned is not None:
-                    nxt = (*planned, reads.submit(self._read, planned[2], bufs[k % 2]))
+                    chunk, _, segs = planned
+                    buf = bufs[k % 2]
+                    if self.dense:  # queued behind the chunk before's requests: the disk does not wait
+                        job = self.reader.read_span(self._starts[chunk], self._starts[chunk + 1], buf)
+                    else:
+                        job = reads.submit(self._read, segs, buf)
+                    nxt = (*planned, job)
                     k += 1
                 if ahead is not None:
                     self._deliver(*ahead)
@@ -283,29 +326,41 @@ class Sweeper:
                 self._cv.notify_all()
         finally:
             if ahead is not None:
-                ahead[3].result()
+                _settle([ahead[3]])  # no read may still write into a buffer once this returns
             reads.shutdown(wait=True)
 
-    def _chunk_buffer(self) -> torch.Tensor:
-        return torch.empty((self.chunk_rows, self.reader.feat_dim), dtype=self.reader.dtype)
+    def _chunk_buffer(self):
+        rows = int(np.diff(self._starts).max())
+        if self.dense:
+            return self.reader.span_buffer(rows)
+        return torch.empty((rows, self.reader.feat_dim), dtype=self.reader.dtype)
 
     def _read(self, segs: list, buf: torch.Tensor | None) -> tuple[np.ndarray, torch.Tensor]:
         """One chunk: the union of the takers' rows, read once."""
-        t0 = time.perf_counter()
         union = segs[0] if len(segs) == 1 else np.unique(np.concatenate(segs))
         rows = self.reader.read_rows(torch.from_numpy(union), out=None if buf is None else buf[: len(union)])
         self.rows_read += len(union)
         self.chunks += 1
-        self.read_s += time.perf_counter() - t0
         return union, rows
 
     def _deliver(self, chunk: int, takers: list, segs: list, job) -> None:
         """Each taker's rows copied out of the chunk it waited for."""
-        union, rows = job.result()
-        if len(segs) == 1:
-            pieces = [rows if self.num_chunks == 1 else rows.clone()]  # one chunk: the read's own tensor
+        t0 = time.perf_counter()
+        if self.dense:
+            rows, lo = job.result(), int(self._starts[chunk])
+            self.read_s += time.perf_counter() - t0
+            self.chunks += 1
+            needed = np.zeros(len(rows), dtype=bool)
+            pieces = []
+            for seg in segs:
+                at = seg - lo
+                needed[at] = True
+                pieces.append(rows.index_select(0, torch.from_numpy(at)).view(self.reader.dtype))
+            self.rows_read += int(np.count_nonzero(needed))  # the rows asked for: what the read was for
         else:
-            pieces = [rows[torch.from_numpy(np.searchsorted(union, s))] for s in segs]
+            union, rows = job.result()
+            self.read_s += time.perf_counter() - t0
+            pieces = self._cut(union, rows, segs)
         with self._cv:
             for f, piece in zip(takers, pieces, strict=True):
                 f.pieces[chunk] = piece
@@ -313,9 +368,17 @@ class Sweeper:
             self._steps += 1
             self._cv.notify_all()
 
+    def _cut(self, union: np.ndarray, rows: torch.Tensor, segs: list) -> list:
+        if len(segs) == 1:
+            pieces = [rows if self.num_chunks == 1 else rows.clone()]  # one chunk: the read's own tensor
+        else:
+            pieces = [rows[torch.from_numpy(np.searchsorted(union, s))] for s in segs]
+        return pieces
+
     def stats(self) -> dict:
         return {
             "mode": "sweep",
+            "reads": "dense" if self.dense else "sparse",
             "batches": self.batches,
             "chunks_read": self.chunks,
             "rows_read": self.rows_read,
