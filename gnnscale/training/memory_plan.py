@@ -292,7 +292,7 @@ def estimate(
         stage = {
             STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX),
             "blocks in flight": stage_batches * _block_bytes(w.train),
-            "read buffers": _read_buffers(s, stage_rows),
+            "read buffers": _read_buffers(s, stage_rows - rows),
         }
     else:
         stage_rows, stage_batches = 0, 0
@@ -373,9 +373,10 @@ def plan(
     return estimate(w, caches[-1], 0, budget, structure=structures[-1]), decisions
 
 
-def _read_buffers(s: Sizes, stage_rows: int) -> int:
-    """The sweep's two chunk buffers, and the reader's own where the sweep reads sparse rows."""
-    return SWEEP_BUFFERS + (0 if reads_dense(s.num_nodes, s.row_bytes, stage_rows) else READ_BUFFERS)
+def _read_buffers(s: Sizes, sweep_cap: int) -> int:
+    """The sweep's two chunk buffers, and the reader's own where the sweep reads sparse rows (decided
+    from its cap, as training/sweep.Sweeper decides)."""
+    return SWEEP_BUFFERS + (0 if reads_dense(s.num_nodes, s.row_bytes, max(1, sweep_cap)) else READ_BUFFERS)
 
 
 def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
@@ -391,7 +392,7 @@ def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     )
     room -= (batches - 1) * block
     rows = min(s.num_nodes, p.stage_rows + room // per_row)
-    freed = p.parts["read buffers"] - _read_buffers(s, rows)  # reading whole chunks needs no reader buffers
+    freed = p.parts["read buffers"] - _read_buffers(s, rows - p.stage_rows)  # whole chunks: no reader buffers
     rows = min(s.num_nodes, rows + int(freed * STAGE_SHARE) // per_row)
     return estimate(
         w, p.feature_cache, p.prefetch, p.budget,
