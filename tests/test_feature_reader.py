@@ -169,7 +169,7 @@ def test_plan_requests_respect_alignment_size_and_gaps():
     rows = np.concatenate([np.sort(rng.choice(20000, 500, replace=False)) for _ in range(2)])
     row_start = 100 + rows * row_bytes
     eof = np.array([10**9, 10**9])
-    reqs = plan_requests(shard, row_start, row_bytes, align, gap, stride, eof)
+    reqs = plan_requests(shard, row_start, row_bytes, align=align, gap=gap, stride=stride, eof=eof)
     assert (reqs.start % align == 0).all() and (reqs.length % align == 0).all()
     assert (reqs.length <= max_req).all() and (reqs.length >= reqs.needed).all()
     # every row lies inside its request, in the request's shard

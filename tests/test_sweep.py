@@ -76,7 +76,9 @@ def test_swept_batches_equal_in_memory_gathers(
     if hot:
         store.cache_hottest(hot, open_csc(g)[0])
     inputs = random_batches(600, 23, seed=row_cap)
-    sweeper = CappedSweeper(store, FeatureReader(g), row_cap, max_batches, lookahead, chunk_rows, dense)
+    sweeper = CappedSweeper(
+        store, FeatureReader(g), row_cap, max_batches, lookahead=lookahead, chunk_rows=chunk_rows, dense=dense
+    )
     stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, sweeper=sweeper)
     for _ in range(2):  # a second pass starts the sweep again
         seen = 0

@@ -274,6 +274,7 @@ def plan_requests(
     shard: np.ndarray,
     row_start: np.ndarray,
     row_bytes: int,
+    *,
     align: int,
     gap: int,
     stride: int,
@@ -327,7 +328,7 @@ def split_tasks(length: np.ndarray, task_bytes: int, task_requests: int) -> list
     return tasks
 
 
-def _settle(futures) -> None:
+def settle(futures) -> None:
     """Wait for every future, ignoring what they raise (the first error is already on its way)."""
     for fut in futures:
         try:
@@ -376,7 +377,7 @@ class SpanRead:
             for job in self.jobs:
                 job.result()
         except BaseException:
-            _settle(self.jobs)  # nothing may still write into the buffer once this returns
+            settle(self.jobs)  # nothing may still write into the buffer once this returns
             raise
         r = self.reader
         r.stats["requests"] += len(self.jobs)
@@ -496,7 +497,15 @@ class FeatureReader:
         offsets = np.array([e.offset for e in self.extents], dtype=np.int64)
         eof = np.array([e.file_size for e in self.extents], dtype=np.int64)
         row_start = offsets[shard] + (ids - self._starts[shard]) * self.row_bytes
-        return plan_requests(shard, row_start, self.row_bytes, self._align, self.gap_bytes, self._stride, eof)
+        return plan_requests(
+            shard,
+            row_start,
+            self.row_bytes,
+            align=self._align,
+            gap=self.gap_bytes,
+            stride=self._stride,
+            eof=eof,
+        )
 
     def plan(self, ids_sorted_unique: torch.Tensor) -> dict:
         """What reading these rows would cost, without reading: {"requests", "bytes", "rows",
@@ -588,7 +597,7 @@ class FeatureReader:
             try:
                 pending.popleft().result()
             except BaseException:
-                _settle(pending)  # no task may still write into the ring or `out` once this returns
+                settle(pending)  # no task may still write into the ring or `out` once this returns
                 raise
             ring.free_oldest()
 

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from gnnscale.sampling.batch import Batch, next_sampled
-from gnnscale.storage.feature_reader import _settle
+from gnnscale.storage.feature_reader import settle
 from gnnscale.storage.feature_store import FeatureStore
 
 # Rows the sweep reads in one step (a chunk of node ids): large enough for the disk's streaming rate,
@@ -111,6 +111,7 @@ class Sweeper:
         reader,
         row_cap: int,
         max_batches: int,
+        *,
         lookahead: bool = True,
         chunk_rows: int = 0,
         dense: bool | None = None,
@@ -326,7 +327,7 @@ class Sweeper:
                 self._cv.notify_all()
         finally:
             if ahead is not None:
-                _settle([ahead[3]])  # no read may still write into a buffer once this returns
+                settle([ahead[3]])  # no read may still write into a buffer once this returns
             reads.shutdown(wait=True)
 
     def _chunk_buffer(self):
