@@ -16,7 +16,7 @@ from gnnscale.storage.feature_reader import FeatureReader
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.training.batches import BatchStream
-from gnnscale.training.sweep import Sweeper
+from gnnscale.training.sweep import Sweeper, flight_target
 from tests.conftest import compose
 
 COMPUTED = ("epoch", "loss", "train_acc", "lr", "val_acc", "val_loss", "steps", "best")
@@ -99,7 +99,50 @@ def test_swept_batches_equal_in_memory_gathers(
         assert st["rows_evicted"] > 0  # younger batches gave their rows back to the oldest
     if row_cap >= 10_000:
         assert st["rows_evicted"] == 0 and st["in_flight_mean"] > 1
+    if row_cap < min(len(x) for x in inputs):  # one batch outgrows the pool: it grew, nothing was lost
+        assert st["pool_grown"] > 0
     stream.close()
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])
+def test_rows_many_batches_need_are_held_once(tiny_graph, dense):
+    """Batches that need the same rows share one copy of each: the pool never holds more rows than the
+    batches' union, where a copy per batch would hold one per batch in flight; and as the rows held leave
+    room, more batches join (the count follows the rows really held, not a copy per batch)."""
+    g = GraphDir(tiny_graph)
+    in_ram = FeatureStore(g, in_memory=True)
+    store = FeatureStore(g)
+    common = random_batches(600, 1, seed=3)[0]
+    inputs = [common] * 60
+    sweeper = CappedSweeper(store, FeatureReader(g), 3 * len(common), 20, chunk_rows=50, dense=dense)
+    stream = BatchStream(lambda: FixedLoader(inputs), store, None, prefetch=0, sweeper=sweeper)
+    for b in stream:
+        assert torch.equal(b.x, in_ram.gather(b.input_nodes))
+    st = sweeper.stats()
+    assert sweeper.most <= len(common)
+    # a copy each reads every batch's rows; shared, a chunk's rows are read once for all who take it
+    assert st["rows_read"] < len(inputs) * len(common) / 3 and st["rows_found_held"] > 0
+    assert st["batches_wanted"] > flight_target(3 * len(common), len(common), 20)  # what a copy each allows
+    stream.close()
+
+
+def test_gather_of_rows_read_ahead_fills_exactly_the_rows_asked(tiny_graph):
+    """FeatureStore.gather(staged=(positions, source, index)): source[index[k]] lands at positions[k], with
+    or without the hot cache taking some rows, and rows the staged ones leave uncovered are refused."""
+    g = GraphDir(tiny_graph)
+    in_ram = FeatureStore(g, in_memory=True)
+    ids = torch.randperm(600, generator=torch.Generator().manual_seed(0))[:90]
+    source = torch.cat([torch.zeros(5, in_ram.feat_dim), in_ram.gather(ids.flip(0))])  # rows at 5.. reversed
+    everywhere = torch.arange(90)
+    index = 5 + 89 - everywhere
+    assert torch.equal(FeatureStore(g).gather(ids, staged=(everywhere, source, index)), in_ram.gather(ids))
+    hot = FeatureStore(g)
+    hot.cache_hottest(200, open_csc(g)[0])
+    rest = (hot.hot_slot[ids] < 0).nonzero().squeeze(1)
+    assert 0 < len(rest) < len(ids)
+    assert torch.equal(hot.gather(ids, staged=(rest, source, index[rest])), in_ram.gather(ids))
+    with pytest.raises(RuntimeError, match="cover"):
+        hot.gather(ids, staged=(rest[1:], source, index[rest[1:]]))
 
 
 @pytest.mark.parametrize("dense", [True, False], ids=["dense", "sparse"])

@@ -7,10 +7,16 @@ one pass later. Where the union of the batches in flight is dense (training.swee
 reads every chunk whole: the whole feature file in requests of 4 MiB; else what the reader's plan of the
 union covers. Either at the disk's rate of coalesced reads, or by its requests at the 64 KiB random rate
 with 16 in flight, whichever is slower (storage/disk_probe.py measures both once per graph_dir). With K batches in flight
-(as many as the rows read ahead hold, training.sweep.flight_target of the rows of a whole batch, up to the
-plan's most), one pass serves K batches, and the reads overlap the model's compute:
+(as many as the rows read ahead hold, each row held once: the most K whose union times HELD_PER_UNION fits,
+up to the plan's most), one pass serves K batches:
 
-    per batch = max(read(union of K batches) / K, step)
+    per batch = read(union of K batches) / K + step
+
+The reads are not counted as overlapping the model's compute: on 2 cores they do not. The sweep's own
+work (planning chunks, copying rows into its pool) takes a core from the model's two threads, which
+then wait on each other (one busy Python process beside an uncapped run made it 2.2x slower).
+max(read / K, step) predicted 1.3-1.7x the measured speed on the bench graphs (6 rounds); the sum
+predicts 0.79-0.92x (5M nodes) and 0.83-1.19x (2M) in bench/results/outofcore*.json.
 
 `step` is the time of one batch with its features in RAM: profile's own prediction (profile/speed.py),
 or the measured step with profile.measure=true. The batches are drawn by the configured sampler in a
@@ -25,9 +31,14 @@ import torch
 
 from gnnscale.storage.disk_probe import probe_disk
 from gnnscale.storage.feature_reader import FeatureReader
-from gnnscale.training.sweep import CHUNK_BYTES, flight_target, reads_dense
+from gnnscale.training.sweep import CHUNK_BYTES, reads_dense
 
 PROBE_SEED = 0
+# The most rows the sweep's pool holds for K batches in flight, per row of their union: batches joining
+# evenly hold half their rows on average, and the peak is above it. Replaying 80 sampled batches of the
+# 5M-node bench graph through the sweep's schedule: 0.59-0.60 of the union at 10, 20 and 30 in flight; the
+# training runs held 1.0-1.3M rows at 17-20 in flight (0.6 x union 1.7-2.0M).
+HELD_PER_UNION = 0.6
 RANDOM_REQUEST = 64 << 10  # the probe's random-read size (its rand64k_mb_s_qd16)
 
 
@@ -79,8 +90,7 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
     rows = int(memory_plan["stage_rows"]) - int(memory_plan.get("stage_reserve", 0))  # the sweep's cap
     disk = probe_disk(data.graph.path)
     drawn = union_growth(data.g, data.splits["train"], sampler, batch_size, data.g.num_nodes(), max_batches)
-    mean_rows = float(np.mean([len(b) for b, _ in drawn]))
-    k = int(min(len(drawn), flight_target(rows, mean_rows, max_batches)))
+    k = max(1, sum(1 for _, union in drawn if HELD_PER_UNION * union <= rows))
     union = torch.from_numpy(np.unique(np.concatenate([b for b, _ in drawn[:k]])))
     with FeatureReader(data.graph) as reader:
         if reads_dense(reader.num_nodes, reader.row_bytes, rows, reader.gap_bytes):
@@ -88,7 +98,7 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
         else:
             plan = reader.plan(union)
     read_s, bound = read_seconds(plan, disk)
-    per_batch = max(read_s / k, step_s)
+    per_batch = read_s / k + step_s
     return {
         "seeds_per_s": round(batch_size / per_batch, 2),
         "bound": bound if read_s / k > step_s else "compute",
@@ -115,7 +125,8 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
         },  # fmt: skip
         "what": (
             "one pass of the sweep reads the union of the batches in flight (every chunk whole where that "
-            "union is dense) at the disk's measured rates and serves them all; per batch max(pass / K, "
-            "step), step = one batch with its features in RAM"
+            "union is dense) at the disk's measured rates and serves them all; per batch pass / K + step "
+            "(not overlapped: on 2 cores the sweep takes the model's cores), step = one batch with its "
+            "features in RAM"
         ),
     }

@@ -156,8 +156,9 @@ class FeatureStore:
     def gather(
         self, ids: torch.Tensor, out: torch.Tensor | None = None, staged: tuple | None = None
     ) -> torch.Tensor:
-        """Rows of `ids` in that order. staged=(positions, pieces): rows read ahead (training/sweep.py),
-        pieces[k] the rows of ids[positions[k]]; with the hot cache's they must cover every row."""
+        """Rows of `ids` in that order. staged=(positions, source, index): rows read ahead
+        (training/sweep.py), source[index[k]] the row of ids[positions[k]]; with the hot cache's they must
+        cover every row."""
         ids = torch.as_tensor(ids, dtype=torch.int64)
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_nodes):
             raise IndexError(f"node id out of range [0, {self.num_nodes})")
@@ -179,11 +180,18 @@ class FeatureStore:
             self.hits += len(cached)  # one writer: the thread gathering (GIL-atomic enough for counts)
             self.misses += len(at)
         if staged is not None:
-            positions, pieces = staged
-            if sum(len(p) for p in pieces) != len(ids):  # rows left uncovered would be garbage
-                raise RuntimeError(f"the rows read ahead cover {sum(map(len, pieces))} of {len(ids)} rows")
-            for at_k, piece in zip(positions, pieces, strict=True):
-                stored.index_copy_(0, at_k, piece)
+            positions, source, index = staged
+            if len(positions) != len(ids):  # rows left uncovered would be garbage
+                raise RuntimeError(f"the rows read ahead cover {len(positions)} of {len(ids)} rows")
+            if len(positions) == len(out) and stored.is_contiguous():  # every row: one select, no scatter
+                order = torch.empty_like(index)
+                order[positions] = index
+                torch.index_select(source, 0, order, out=stored)
+            else:
+                step = max(1, COPY_CHUNK_BYTES // max(source.shape[1] * source.element_size(), 1))
+                for lo in range(0, len(positions), step):
+                    blk = slice(lo, lo + step)
+                    stored.index_copy_(0, positions[blk], source.index_select(0, index[blk]))
             return out
         shard = torch.searchsorted(self._starts, ids, right=True) - 1
         order = torch.argsort(shard)

@@ -149,8 +149,8 @@ def build_sweeper(data: TrainData, lookahead: bool = True) -> Sweeper | None:
     torch's RNG mid-epoch)."""
     if data.feature_cache != "read":
         return None
-    rows, batches = data.stage
-    return Sweeper(data.features, data.reader, rows, batches, lookahead=lookahead)
+    rows, batches, spare = data.stage
+    return Sweeper(data.features, data.reader, rows, batches, spare_rows=spare, lookahead=lookahead)
 
 
 def loss_blocks_layers(cfg: DictConfig) -> int:

@@ -32,8 +32,9 @@ class TrainData:
     feature_cache: str  # memory | mmap | read: what `auto` decided
     edges: object = None  # task=link: the storage.edge_split.EdgeSplit (g is then its message-passing graph)
     reader: object = None  # feature_cache=read: the storage.feature_reader.FeatureReader
-    # feature_cache=read: (rows the batches in flight may hold, the most batches in flight)
-    stage: tuple = (0, 0)
+    # feature_cache=read: (rows the batches in flight may hold, the most batches in flight, rows more the
+    # oldest batch may take)
+    stage: tuple = (0, 0, 0)
 
     @property
     def name(self) -> str:
@@ -55,12 +56,12 @@ class TrainData:
             indptr, indices = load_csc(self.graph, resident=True)
             self.g = csc_to_dgl(indptr, indices, self.graph.num_nodes)
 
-    def read_features_ahead(self, rows: int, batches: int) -> None:
+    def read_features_ahead(self, rows: int, batches: int, spare: int = 0) -> None:
         """Features read from the shards by a sweep ahead of the model (training/sweep.py), not page-faulted."""
         from gnnscale.storage.feature_reader import FeatureReader
 
         self.reader = FeatureReader(self.graph)
-        self.stage = (int(rows), int(batches))
+        self.stage = (int(rows), int(batches), int(spare))
         self.feature_cache = "read"
 
     def read_at_random(self) -> None:

@@ -12,10 +12,11 @@ memory-mapped features, the pages one training batch reads (below that the kerne
 next batch needs, and every batch goes back to disk).
 
 Features that do not fit in RAM are read by a sweep over the feature file (feature_cache=read,
-training/sweep.py): the rows handed to the batches in flight with their index arrays, the sweep's two
-chunk buffers (and the reader's own where it reads sparse rows) and the blocks of the batches sampled
-ahead; the rows get what the budget leaves (STAGE_SHARE of it), which sets how many batches share a
-pass over the disk. The graph structure is held
+training/sweep.py): the sweep's pool of rows held for the batches in flight (a row once however many
+need it, with its slot's index entries) and its node -> slot map, the sweep's two chunk buffers (and the
+reader's own where it reads sparse rows) and the blocks of the batches sampled ahead; the rows get what
+the budget leaves (STAGE_SHARE of it), which sets how many batches share a pass over the disk. The
+graph structure is held
 in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
 
 A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
@@ -36,7 +37,7 @@ import torch
 
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.training.sweep import CHUNK_BYTES as SWEEP_CHUNK_BYTES
-from gnnscale.training.sweep import reads_dense
+from gnnscale.training.sweep import SLOT_INDEX_BYTES, node_map_bytes, reads_dense
 from gnnscale.utils.memlimit import Budget, gb
 from gnnscale.utils.memory import rss_anon_mb, rss_mb
 
@@ -60,8 +61,8 @@ READ_BUFFERS = 64 << 20
 STAGE_SHARE = 0.9
 # At most this many batches in flight on the sweep: past that only the held blocks grow.
 MAX_STAGE_BATCHES = 64
-# Index arrays per row read ahead (its node id in its batch's sorted list, and its input position).
-STAGED_ROW_INDEX = 2 * 8
+# Index arrays per row read ahead: its slot's in the row pool (training/sweep.RowPool).
+STAGED_ROW_INDEX = SLOT_INDEX_BYTES
 # The sweep's own buffers: two chunks (one read while the other is cut into pieces).
 SWEEP_BUFFERS = 2 * SWEEP_CHUNK_BYTES
 LEAN_FEATURES = "read"  # the placement of the leanest plan: features read ahead into small buffers
@@ -262,8 +263,9 @@ STRUCTURE_RAM, STRUCTURE_MMAP = "graph structure (in RAM)", "graph structure (mm
 
 def _block_bytes(shape: BatchShape) -> int:
     """A batch sampled ahead: its blocks (src, dst, the block's CSC and edge ids: int64 each per edge) and
-    its input-node ids with their uncached copy (int64 each per row)."""
-    return sum(e * 8 * 4 for e in shape.edges) + shape.input_rows * 8 * 2
+    its input-node ids with their uncached copy and their rows' slots in the sweep's pool (int64 each per
+    row)."""
+    return sum(e * 8 * 4 for e in shape.edges) + shape.input_rows * 8 * 3
 
 
 def estimate(
@@ -293,6 +295,7 @@ def estimate(
             STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX),
             "blocks in flight": stage_batches * _block_bytes(w.train),
             "read buffers": _read_buffers(s, stage_rows - rows),
+            "sweep node -> slot map": node_map_bytes(s.num_nodes),
         }
     else:
         stage_rows, stage_batches = 0, 0
@@ -381,14 +384,14 @@ def _read_buffers(s: Sizes, sweep_cap: int) -> int:
 
 def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     """The plan with the rows read ahead grown into STAGE_SHARE of what the budget leaves, and up to
-    MAX_STAGE_BATCHES batches in flight whose blocks take no more than a fifth of that memory (the rows
+    MAX_STAGE_BATCHES batches in flight whose blocks take no more than a quarter of that memory (the rows
     the leanest plan holds already included: the largest batch, an evaluation one)."""
     s = w.sizes
     room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
     block = max(int(_block_bytes(w.train) * (1 + ALLOCATOR_SLACK)), 1)  # a held block brings its slack
     per_row = s.row_bytes + STAGED_ROW_INDEX
     batches = int(
-        max(1, min(MAX_STAGE_BATCHES, (room + p.stage_rows * per_row) // 5 // block, 1 + room // block))
+        max(1, min(MAX_STAGE_BATCHES, (room + p.stage_rows * per_row) // 4 // block, 1 + room // block))
     )
     room -= (batches - 1) * block
     rows = min(s.num_nodes, p.stage_rows + room // per_row)
