@@ -209,7 +209,7 @@ class MemoryPlan:
             return (
                 f"read from disk by a sweep over the file (up to {self.stage_batches} "
                 f"batch{'' if self.stage_batches == 1 else 'es'} in flight "
-                f"holding up to {self.stage_rows:,} rows, {gb(self.parts[STAGE_PART])})"
+                f"sharing a pool of {self.stage_rows:,} rows, each held once, {gb(self.parts[STAGE_PART])})"
             )
         return "in RAM" if self.feature_cache == "memory" else "memory-mapped"
 
@@ -449,24 +449,46 @@ def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -
     )
     if lean.fits and p.feature_cache != LEAN_FEATURES:
         return what, f"use train.feature_cache=auto (features read from disk fit: {gb(lean.must_fit)})"
-    fix = fitting_settings(w, batch_size, eval_batch_size, budget)
-    return what, (
-        f"it would fit with {fix}"
-        if fix
-        else "it does not fit even at batch size 16: use a machine with more memory"
-    ) + "; or raise the limit, or set train.memory_budget=SIZE if the limit read is wrong"
+    found = _fitting(w, batch_size, eval_batch_size, budget)
+    if found is None:
+        return what, "it does not fit even at batch size 16: use a machine with more memory" + _OR
+    train_bs, eval_bs, smaller, p = found
+    slow = ""
+    if _with_staging(smaller, p).sweep_cap < smaller.train.input_rows:
+        # no room for a second batch's rows: each batch would read about the whole feature file alone
+        # (1M-node bench graph in 0.9 GB at the batch size named: 0.066x its uncapped speed)
+        slow = (
+            ", though slowly: one batch at a time would share a pass over the feature file, each reading "
+            "about all of it (`gnnscale profile` predicts the speed)"
+        )
+    return what, f"it would fit with {_settings(batch_size, train_bs, eval_bs, p)}{slow}{_OR}"
+
+
+_OR = "; or raise the limit, or set train.memory_budget=SIZE if the limit read is wrong"
+
+
+def _settings(batch_size: int, train_bs: int, eval_bs: int, p: MemoryPlan) -> str:
+    keys = [f"train.batch_size={train_bs}"] if train_bs != batch_size else []
+    return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])
 
 
 def fitting_settings(w: Workload, batch_size: int, eval_batch_size: int, budget: Budget) -> str | None:
     """Override suggestions that would fit (the leanest plan: features read ahead, no prefetch), or None."""
+    found = _fitting(w, batch_size, eval_batch_size, budget)
+    return None if found is None else _settings(batch_size, found[0], found[1], found[3])
+
+
+def _fitting(w: Workload, batch_size: int, eval_batch_size: int, budget: Budget):
+    """(training and evaluation batch sizes, their workload, the leanest plan) of the largest batches that
+    fit, halving from the configured ones, or None."""
     train_bs = batch_size
     while train_bs >= 16:
         # Evaluation batches first come down to the training size: they are the largest.
         eval_bs = min(eval_batch_size, train_bs)
-        p = estimate(w.scaled(train_bs / batch_size, eval_bs / eval_batch_size), LEAN_FEATURES, 0, budget)
+        smaller = w.scaled(train_bs / batch_size, eval_bs / eval_batch_size)
+        p = estimate(smaller, LEAN_FEATURES, 0, budget)
         if p.fits:
-            keys = [f"train.batch_size={train_bs}"] if train_bs != batch_size else []
-            return " ".join([*keys, f"train.eval_batch_size={eval_bs}", f"(estimate {gb(p.must_fit)})"])
+            return train_bs, eval_bs, smaller, p
         train_bs //= 2
     return None
 

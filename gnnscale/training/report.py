@@ -98,8 +98,9 @@ def summary_rows(s: dict) -> dict:
 
 
 def read_stats(trainer, data) -> dict:
-    """summary.json's `feature_reads` (feature_cache=read): batches through the sweep, rows read from disk
-    and given back (evicted), batches in flight, and the reader's requests and bytes, over the whole run."""
+    """summary.json's `feature_reads` (feature_cache=read): batches through the sweep, rows read from disk,
+    found held for other batches, given back (evicted) and deferred a pass, batches in flight, the sweep
+    thread's CPU seconds, and the reader's requests and bytes, over the whole run."""
     sweeper = trainer.streams["train"][0].sweeper
     reader = dict(data.reader.stats)
     rows = sweeper.stats()
