@@ -165,7 +165,7 @@ def test_auto_evaluation_batches_halve_to_fit_and_set_ones_stay():
     full = estimate(at(4096), "mmap", 0, big).must_fit
     half = estimate(at(2048), "mmap", 0, big).must_fit
     budget = between(half, full)
-    p, decided, w = plan_eval_batches(at, 4096, 1024, "mmap", 0, budget)
+    p, decided, w = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=budget)
     assert p.fits and p.eval_batch_size == 2048 and w.evals == at(2048).evals
     assert decided[0] == (
         "evaluation batches 4,096 -> 2,048 seeds (train.eval_batch_size=0, auto): "
@@ -173,13 +173,13 @@ def test_auto_evaluation_batches_halve_to_fit_and_set_ones_stay():
     )
     assert p.as_dict()["eval_batch_size"] == 2048
     # Set by the user (floor = asked): the plan does not fit and says so; nothing is halved.
-    p, decided, _ = plan_eval_batches(at, 4096, 4096, "mmap", 0, budget)
+    p, decided, _ = plan_eval_batches(at, 4096, 4096, feature_cache="mmap", prefetch=0, budget=budget)
     assert not p.fits and p.eval_batch_size == 4096 and not any("evaluation batches" in d for d in decided)
     # Never below the training batch size (the floor), even when that still does not fit.
-    p, _, _ = plan_eval_batches(at, 4096, 1024, "mmap", 0, Budget(1, "test"))
+    p, _, _ = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=Budget(1, "test"))
     assert not p.fits and p.eval_batch_size == 1024
     # Fits as asked: untouched, no decision line.
-    p, decided, _ = plan_eval_batches(at, 4096, 1024, "mmap", 0, big)
+    p, decided, _ = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=big)
     assert p.eval_batch_size == 4096 and not any("evaluation batches" in d for d in decided)
 
 

@@ -196,7 +196,14 @@ class BatchModel:
 
         if lean:
             return estimate(at(batch_size), "mmap", 0, self.budget)
-        return plan_eval_batches(at, asked, batch_size, self.feature_cache, self.prefetch, self.budget)[0]
+        return plan_eval_batches(
+            at,
+            asked,
+            batch_size,
+            feature_cache=self.feature_cache,
+            prefetch=self.prefetch,
+            budget=self.budget,
+        )[0]
 
     def fits(self, batch_size: int, fanouts: list[int] | None) -> bool:
         """The train stage's own test (its plan's must_fit within the budget): what it would accept."""

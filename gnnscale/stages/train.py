@@ -88,13 +88,14 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
     if resume_dir is None:
         clear_previous_run(run_dir)
     with metered() as meter, make_progress() as bar:
-        callbacks = _callbacks(cfg, data, bar, task.metric, on_epoch_end, sync, run_dir) + rank_callbacks
+        callbacks = _callbacks(cfg, data, bar, metric=task.metric, on_epoch_end=on_epoch_end, sync=sync,
+                               run_dir=run_dir) + rank_callbacks  # fmt: skip
         cache_stats = CacheHitRate(data.features) if data.features.cache_rows else None
         callbacks += [cache_stats] if cache_stats is not None else []
-        peak_rss = lambda: meter.sampler.peak_rss_mb  # noqa: E731
         trainer = build_trainer(
-            cfg, data, task, precision, device, run_dir, memory.prefetch, samplers, callbacks, peak_rss,
-            sync, all_train, memory.eval_batch_size,
+            cfg, data, task, precision=precision, device=device, run_dir=run_dir, prefetch=memory.prefetch,
+            samplers=samplers, callbacks=callbacks, sync=sync, all_train=all_train,
+            eval_batch_size=memory.eval_batch_size, peak_rss_mb=lambda: meter.sampler.peak_rss_mb,
         )  # fmt: skip
         if resume_dir is not None:
             same = trainer.restore()
@@ -132,7 +133,7 @@ def _fit(cfg: DictConfig, resume_dir, sync: Sync, device, on_epoch_end) -> dict:
     return {**summary, "run_dir": str(run_dir)}
 
 
-def _callbacks(cfg: DictConfig, data, bar, metric: str, on_epoch_end, sync: Sync, run_dir: Path) -> list:
+def _callbacks(cfg: DictConfig, data, bar, *, metric: str, on_epoch_end, sync: Sync, run_dir: Path) -> list:
     """The console progress, the health diagnostics (train.diagnostics, rank 0's batches), the loggers
     (curves.png, TensorBoard: logger=) and the caller's epoch hook."""
     callbacks = [ConsoleProgress(bar, int(cfg.train.epochs), metric)]

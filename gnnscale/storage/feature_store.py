@@ -188,10 +188,7 @@ class FeatureStore:
                 order[positions] = index
                 torch.index_select(source, 0, order, out=stored)
             else:
-                step = max(1, COPY_CHUNK_BYTES // max(source.shape[1] * source.element_size(), 1))
-                for lo in range(0, len(positions), step):
-                    blk = slice(lo, lo + step)
-                    stored.index_copy_(0, positions[blk], source.index_select(0, index[blk]))
+                self._copy_rows(source, index, stored, positions)
             return out
         shard = torch.searchsorted(self._starts, ids, right=True) - 1
         order = torch.argsort(shard)

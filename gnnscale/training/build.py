@@ -132,10 +132,10 @@ def preflight(
         lambda bs: measured if bs == asked else replace(measured, evals=eval_shape(bs)),
         asked,
         largest if int(t.eval_batch_size) == 0 else asked,  # auto: evaluation batches may come down to fit
-        t.feature_cache,
-        resolve_prefetch(int(t.prefetch), device),
-        budget,
-        cache_rows,
+        feature_cache=t.feature_cache,
+        prefetch=resolve_prefetch(int(t.prefetch), device),
+        budget=budget,
+        cache_rows=cache_rows,
         resident_ok=data.edges is None,  # a link run's graph is its edge split's, already placed
     )
     if not p.fits:
@@ -165,6 +165,7 @@ def build_streams(
     device: torch.device,
     prefetch: int,
     samplers: dict,
+    *,
     sync: Sync = SINGLE,
     all_train: torch.Tensor | None = None,
     eval_batch_size: int = 0,
@@ -227,6 +228,7 @@ def build_trainer(
     cfg: DictConfig,
     data: TrainData,
     task,
+    *,
     precision,
     device: torch.device,
     run_dir: Path,
@@ -246,7 +248,9 @@ def build_trainer(
     make_streams = build_streams
     if getattr(task, "name", "node") == "link":
         from gnnscale.training.link_streams import build_link_streams as make_streams
-    streams = make_streams(cfg, data, device, prefetch, samplers, sync, all_train, eval_batch_size)
+    streams = make_streams(
+        cfg, data, device, prefetch, samplers, sync=sync, all_train=all_train, eval_batch_size=eval_batch_size
+    )
     phases = resolve_phases(cfg)
     steps = epoch_steps(phases, [len(s) for s in streams["train"]])
     scheduler = build_scheduler(optimizer, steps, t)

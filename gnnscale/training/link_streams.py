@@ -28,8 +28,9 @@ def build_link_streams(
     device: torch.device,
     prefetch: int,
     samplers: dict,
-    _sync=None,
-    _all_train=None,
+    *,
+    sync=None,
+    all_train=None,
     eval_batch_size: int = 0,
 ) -> dict:
     """Like training.build.build_streams, for edges: "train" one stream per phase, "val" and "test" the

@@ -16,8 +16,8 @@ training/sweep.py): the sweep's pool of rows held for the batches in flight (a r
 need it, with its slot's index entries) and its node -> slot map, the sweep's two chunk buffers (and the
 reader's own where it reads sparse rows) and the blocks of the batches sampled ahead; the rows get what
 the budget leaves (STAGE_SHARE of it), which sets how many batches share a pass over the disk. The
-graph structure is held
-in RAM when it fits beside the rest (the sampler then never faults), else memory-mapped.
+graph structure is held in RAM when it fits beside the rest (the sampler then never faults), else
+memory-mapped.
 
 A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
 4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
@@ -61,9 +61,7 @@ READ_BUFFERS = 64 << 20
 STAGE_SHARE = 0.9
 # At most this many batches in flight on the sweep: past that only the held blocks grow.
 MAX_STAGE_BATCHES = 64
-# Index arrays per row read ahead: its slot's in the row pool (training/sweep.RowPool).
-STAGED_ROW_INDEX = SLOT_INDEX_BYTES
-# The sweep's own buffers: two chunks (one read while the other is cut into pieces).
+# The sweep's own buffers: two chunks (one read while the other is copied into its pool).
 SWEEP_BUFFERS = 2 * SWEEP_CHUNK_BYTES
 LEAN_FEATURES = "read"  # the placement of the leanest plan: features read ahead into small buffers
 
@@ -292,7 +290,7 @@ def estimate(
         prefetch, slots = 0, 1  # the sweep reads ahead itself; gathers from what it read run inline
         stage_rows = max(int(stage_rows), rows)
         stage = {
-            STAGE_PART: stage_rows * (s.row_bytes + STAGED_ROW_INDEX),
+            STAGE_PART: stage_rows * (s.row_bytes + SLOT_INDEX_BYTES),
             "blocks in flight": stage_batches * _block_bytes(w.train),
             "read buffers": _read_buffers(s, stage_rows - rows),
             "sweep node -> slot map": node_map_bytes(s.num_nodes),
@@ -389,7 +387,7 @@ def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
     s = w.sizes
     room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
     block = max(int(_block_bytes(w.train) * (1 + ALLOCATOR_SLACK)), 1)  # a held block brings its slack
-    per_row = s.row_bytes + STAGED_ROW_INDEX
+    per_row = s.row_bytes + SLOT_INDEX_BYTES
     batches = int(
         max(1, min(MAX_STAGE_BATCHES, (room + p.stage_rows * per_row) // 4 // block, 1 + room // block))
     )
@@ -407,6 +405,7 @@ def plan_eval_batches(
     workload_at: Callable[[int], Workload],
     asked: int,
     floor: int,
+    *,
     feature_cache: str,
     prefetch: int,
     budget: Budget,

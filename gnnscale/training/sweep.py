@@ -241,7 +241,6 @@ class Sweeper:
         self._cv = threading.Condition()
         self._flight: deque[InFlight] = deque()
         self._pending = 0  # slots given to chunks being read
-        self._refs = 0  # slots referenced by the batches (a row counted once per batch needing it)
         self._k = 0  # batches in flight wanted (0: not set yet; then adjusted a pass at a time)
         self._peak = self._deferred = 0  # this pass: the most rows held, rows a batch had to wait a pass for
         self._pos = 0  # the next chunk the sweep looks at
@@ -274,7 +273,6 @@ class Sweeper:
     def close(self) -> None:
         self.stop()
         self._staged = None
-        self._pool = None
 
     # ------------------------------------------------------------ the caller's side
     def _uncached(self, nodes: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -359,7 +357,6 @@ class Sweeper:
         with self._cv:
             if self._staged_slots is not None:
                 self._pool.release(self._staged_slots)
-                self._refs -= len(self._staged_slots)
                 self._staged_slots = None
             self._cv.notify_all()
 
@@ -377,7 +374,7 @@ class Sweeper:
             self._thread = None
         self._flight.clear()
         self._staged_slots = None
-        self._pending = self._refs = 0
+        self._pending = 0
         if self._pool is not None:
             self.pool_grown += self._pool.grown
         self._pool = None  # its rows go with the batches they were read for
@@ -456,7 +453,6 @@ class Sweeper:
             if not opens[i]:
                 f.missing.discard(chunk)
                 f.got.append(chunk)
-        self._refs += int(np.count_nonzero(hit))
         readers = [
             (f, spans[i], need[at[i] : at[i + 1]]) for i, f in enumerate(cand) if opens[i] and taken[i]
         ]
@@ -469,7 +465,10 @@ class Sweeper:
 
     def _shared(self) -> float:
         """Rows held per row the batches in flight reference (each row once however many need it)."""
-        return min(1.0, self._pool.used / self._refs) if self._refs and self._pool is not None else 1.0
+        refs = sum(f.held for f in self._flight) + (
+            len(self._staged_slots) if self._staged_slots is not None else 0
+        )
+        return min(1.0, self._pool.used / refs) if refs and self._pool is not None else 1.0
 
     def _evict(self, f: InFlight) -> int:
         """Give back every row a batch holds (read again as the sweep comes round) -> rows freed (those no
@@ -480,7 +479,6 @@ class Sweeper:
             slots = f.slots[r]
             slots = slots[slots >= 0]
             freed += self._pool.release(slots)
-            self._refs -= len(slots)
             self.rows_evicted += len(slots)
             f.held -= len(slots)
             f.slots[r] = -1
@@ -508,7 +506,6 @@ class Sweeper:
             mine[reads] = got[k : k + n]
             k += n
             f.held += n
-            self._refs += n
             f.missing.discard(chunk)
             f.reading += 1
         return chunk, [f for f, _, _ in readers], union, slots
