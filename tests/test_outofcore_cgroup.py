@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +86,18 @@ def _train(graph: Path, run_dir: Path, preexec_fn=None) -> dict:
     return out
 
 
+def _infer(graph: Path, trained: Path, run_dir: Path, preexec_fn=None) -> dict:
+    r = subprocess.run(
+        [*CLI, "infer", f"ckpt={trained}", f"graph_dir={graph}", f"run_dir={run_dir}"],
+        capture_output=True, text=True, timeout=600, preexec_fn=preexec_fn,
+    )  # fmt: skip
+    out = {"rc": r.returncode, "said": " ".join((r.stdout + r.stderr).split()), "stderr": r.stderr[-3000:]}
+    if r.returncode == 0:
+        out["summary"] = json.loads((run_dir / "summary.json").read_text())
+        out["outputs"] = [np.load(run_dir / f) for f in ("embeddings.npy", "predictions.npy")]
+    return out
+
+
 # ---------------------------------------------------------------- the two runs, once per module
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -113,6 +126,10 @@ def runs(tmp_path_factory):
         capped["cap"] = cap
         capped["peak_bytes"] = cg.read("memory.max_usage_in_bytes", "memory.peak")
         capped["failcnt"] = cg.read("memory.failcnt")
+        # the uncapped run's model, inferred for every node with and without the cap
+        free["infer"] = _infer(graph, tmp / "uncapped", tmp / "infer_uncapped")
+        _evict(graph)
+        capped["infer"] = _infer(graph, tmp / "uncapped", tmp / "infer_capped", preexec_fn=cg.join)
         yield free, capped
     finally:
         cg.remove()
@@ -178,3 +195,19 @@ def test_capped_run_checkpoints_are_bit_equal(runs):
         # ... and the training state beside them.
         state = [k for k in a if k.startswith(("/epoch", "/best_", "/stopped", "/rng", "/scheduler"))]
         assert state and all(a[k] == b[k] for k in state if k not in tensors), name
+
+
+def test_capped_layerwise_inference_streams_its_input_and_equals_the_uncapped_run(runs):
+    free, capped = runs
+    a, b = free["infer"], capped["infer"]
+    assert a["rc"] == 0, a["stderr"]
+    assert b["rc"] == 0, (b["rc"], b["stderr"])  # not killed by the cap
+    # uncapped: every layer held in memory, the first read in place, the second from its projections
+    assert a["summary"]["storage"]["layers"] == "memory"
+    assert [x["sources"] for x in a["summary"]["layers"]] == ["in place", "projected"]
+    # capped: the features (larger than the cap) streamed by destination tiles
+    assert b["summary"]["storage"]["layers"] == "disk" and "cgroup" in b["summary"]["storage"]["why"]
+    assert b["summary"]["layers"][0]["sources"].startswith("streamed: ")
+    assert "its input does not fit; streamed" in b["said"]
+    for x, y in zip(a["outputs"], b["outputs"], strict=True):
+        assert x.shape == y.shape and np.array_equal(x, y)

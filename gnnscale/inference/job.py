@@ -30,6 +30,7 @@ from gnnscale.storage.graph_dir import GraphDir
 from gnnscale.storage.run_dir import EMBEDDINGS, LAYERS, PREDICTIONS
 from gnnscale.utils.faults import fault_point
 from gnnscale.utils.memlimit import parse_size, resolve_budget
+from gnnscale.utils.memory import rss_anon_mb
 from gnnscale.utils.ui import info, make_progress
 
 MODES = ("layerwise", "sampled")
@@ -133,6 +134,12 @@ def _partial(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
+def _free_bytes(budget) -> int:
+    """The budget less the heap this process holds already (the model, the graph's index arrays)."""
+    held = rss_anon_mb()
+    return budget.bytes - int((held or 0) * 1e6)
+
+
 def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, device, update=None) -> dict:
     """Every layer into run_dir/layers/h_*.npy (and z_*.npy: the conv outputs --update propagates through).
 
@@ -157,7 +164,10 @@ def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, de
         common = dict(mode=storage, batch_size=opts.batch_size, device=device)
         progress = _progress_cb(bar, model.num_layers)
         if update is None:
-            stats = run_layers(model, adj, features, partial, preact=partial_z, progress=progress, **common)
+            free = _free_bytes(budget) if storage == "disk" else None
+            stats = run_layers(
+                model, adj, features, partial, preact=partial_z, progress=progress, free_bytes=free, **common
+            )
             wrote_z = [p is not None for p in partial_z]
         else:
             stats, wrote_z = update_layers(

@@ -16,9 +16,13 @@ import numpy as np
 import torch
 
 from gnnscale.inference.blocks import Adjacency, BlockBuilder, projects_sources, reads_sources_by_edge
+from gnnscale.inference.chunked import sums_before_projecting
 from gnnscale.inference.layerfile import LayerFile
+from gnnscale.inference.projected import Projections, layer_from_projections, projectable
 from gnnscale.inference.streamfile import StreamWriter
+from gnnscale.inference.tiled import FeatureChunks, LayerChunks, plan_tiles, tiled_layer
 from gnnscale.storage.feature_store import FeatureStore
+from gnnscale.utils.ui import info
 
 
 class RowSource(Protocol):
@@ -195,23 +199,27 @@ def compute_layer(
     z_out: LayerFile | None = None,
     keep=None,
     progress: Callable[[int, int, int], None] | None = None,
+    project: Projections | None = None,
 ) -> tuple[int, int]:
     """Layer `layer` for the sorted destination ids `rows` (None: every node) into `out` (and its conv
     outputs into z_out). keep("z" | "h", lo, rows): a hook that may change the rows lo.. of a contiguous
-    batch before they are written (an update restores the rows it did not need to change).
+    batch before they are written (an update restores the rows it did not need to change). project:
+    the next layer's projections, filled from this layer's outputs (every node, contiguous batches).
     Returns (rows, edges)."""
     model, adj, n = ctx.model, ctx.adj, ctx.adj.num_nodes
+    conv = model.layers[layer] if model.arch != "mlp" else None
     total = n if rows is None else len(rows)
     done = edges = 0
     step = batch_size
     dim = model.dims[layer + 1]
-    if in_place and projects_sources(model.layers[layer]):
+    if in_place and projects_sources(conv):
         # Read in place, this layer projects all N source rows once per batch (N x out, narrow),
         # and its per-batch activations scale with out, not in: wider batches cost no more memory
         # per destination and amortise the projection (1 batch = what a full-graph forward does).
         step = batch_size * -(-model.dims[layer] // dim)
+    emit = _Emit(ctx, layer, out, z_out, keep, project)
     for dst in batches(rows, n, step):
-        if model.arch == "mlp":  # features only: the block just marks the destinations
+        if conv is None:  # features only: the block just marks the destinations
             ip, src = np.zeros(len(dst) + 1, dtype=np.int64), np.empty(0, dtype=np.int64)
         else:
             ip, src = adj.in_edges(dst)
@@ -225,25 +233,38 @@ def compute_layer(
                 blk_deg = block.out_degrees().clamp(min=1).double()
                 x = x * (blk_deg / ctx.out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
             block, x = block.to(ctx.device), x.to(ctx.device)
-        if z_out is not None:
-            z = model.layers[layer](block, x).to("cpu", torch.float32)
-            if keep is not None:
-                keep("z", int(dst[0]), z)
-            z_out.write(dst, z)
-            z_out.release()
-            y = finish_layer(model, layer, z)
-        else:
-            y = model.layer_forward(layer, block, x).to("cpu", torch.float32)
-        if keep is not None:
-            keep("h", int(dst[0]), y)
-        out.write(dst, y)
+        z = model.layer_forward(layer, block, x, finish=False).to("cpu", torch.float32)
+        emit(dst, z)
         inp.release()
-        out.release()
         done += len(dst)
         edges += len(src)
         if progress is not None:
             progress(layer, done, total)
     return total, edges
+
+
+class _Emit:
+    """A batch's conv output z on its way out: z_out, the norm and activation, out, the next layer's
+    projections (the same steps whichever way z was computed)."""
+
+    def __init__(self, ctx, layer: int, out, z_out, keep, project: Projections | None):
+        self.ctx, self.layer, self.out, self.z_out = ctx, layer, out, z_out
+        self.keep, self.project = keep, project
+
+    def __call__(self, dst: np.ndarray, z: torch.Tensor) -> None:
+        lo = int(dst[0])
+        if self.z_out is not None:
+            if self.keep is not None:
+                self.keep("z", lo, z)
+            self.z_out.write(dst, z)
+            self.z_out.release()
+        y = finish_layer(self.ctx.model, self.layer, z)
+        if self.keep is not None:
+            self.keep("h", lo, y)
+        self.out.write(dst, y)
+        self.out.release()
+        if self.project is not None:
+            self.project.add(lo, y)
 
 
 def open_input(
@@ -277,10 +298,12 @@ def run_layers(
     preact: Sequence[Path | None] | None = None,
     device: torch.device = torch.device("cpu"),
     progress: Callable[[int, int, int], None] | None = None,
+    free_bytes: int | None = None,
 ) -> list[LayerStats]:
     """Every node's layer outputs into `paths` (one .npy per layer), and conv outputs into preact[l] where
-    given. progress(layer, done_rows, total_rows) is called after every batch. (An update's layers:
-    inference/update.py, over the same compute_layer.)
+    given. progress(layer, done_rows, total_rows) is called after every batch. free_bytes: the memory a
+    layer may take beyond what the process holds; given, a summing layer streams its input by tiles
+    (tiled.py) instead of mapping it. (An update's layers: inference/update.py, over the same compute_layer.)
     """
     n = adj.num_nodes
     num_layers = model.num_layers
@@ -288,48 +311,114 @@ def run_layers(
     ctx = LayerContext(model, adj, device)
     stats: list[LayerStats] = []
     prev: LayerFile | None = None
+    project: Projections | None = None  # this layer's input, projected as the layer before wrote it
     with torch.no_grad():
         for layer in range(num_layers):
             t0 = time.time()
-            inp, in_place = open_input(
-                features,
-                layer,
-                prev,
-                ctx.in_place(layer),
-                None,
-                n,
-                model.dims[0],
-                Path(paths[0]).with_name("h_0.npy.partial"),
-                mode,
-            )
             dim = model.dims[layer + 1]
             out = LayerFile(paths[layer], shape=(n, dim), mode=mode)
             # Nobody reads the conv outputs in this run: they bypass the page cache (streamfile.py).
             z_out = StreamWriter(preact[layer], (n, dim)) if preact[layer] else None
-            total, edges = compute_layer(
-                ctx,
-                layer,
-                inp,
-                in_place,
-                out,
-                batch_size=batch_size,
-                z_out=z_out,
-                progress=progress,
-            )
+            nxt = next_projections(model, layer, n, device)
+            if project is not None:
+                total, edges, how = (
+                    n,
+                    _from_projections(ctx, layer, project, out, z_out, nxt, batch_size, progress),
+                    "projected",
+                )
+            else:
+                total, edges, how = _compute(
+                    ctx,
+                    layer,
+                    features,
+                    prev,
+                    out,
+                    z_out,
+                    nxt,
+                    paths,
+                    mode=mode,
+                    batch_size=batch_size,
+                    progress=progress,
+                    free_bytes=free_bytes,
+                )
             if z_out is not None:
                 z_out.close()
-            inp.close()
             if prev is not None:
                 prev.close()
-            prev = out
-            stats.append(
-                LayerStats(
-                    layer + 1, dim, total, edges, time.time() - t0, "in place" if in_place else "gathered"
-                )
-            )
+            prev, project = out, nxt
+            stats.append(LayerStats(layer + 1, dim, total, edges, time.time() - t0, how))
     if prev is not None:
         prev.close()
     return stats
+
+
+def next_projections(model, layer: int, n: int, device: torch.device) -> Projections | None:
+    """The next layer's projections, to fill from this layer's outputs, where the next layer projects
+    its sources (in > out): it then never reads this layer's wide rows back (projected.py)."""
+    if device.type != "cpu" or layer + 1 >= model.num_layers or model.arch != "sage":
+        return None
+    conv = model.layers[layer + 1]
+    return Projections(conv, n) if projectable(conv) else None
+
+
+def _from_projections(ctx, layer, project, out, z_out, nxt, batch_size, progress) -> int:
+    model = ctx.model
+
+    def keep(kind: str, lo: int, rows: torch.Tensor) -> None:
+        if kind == "h" and nxt is not None:
+            nxt.add(lo, rows)
+
+    def done(rows: int, total: int) -> None:
+        if progress is not None:
+            progress(layer, rows, total)
+
+    finish = None if layer == model.num_layers - 1 else (lambda z: finish_layer(model, layer, z))
+    return layer_from_projections(
+        project, ctx.adj, out, z_out, finish, keep, batch_size=batch_size, progress=done
+    )
+
+
+def _compute(ctx, layer, features, prev, out, z_out, nxt, paths, *, mode, batch_size, progress, free_bytes):
+    """(rows, edges, how) of a layer computed from its input rows: streamed by tiles where they do not
+    fit (free_bytes given) and the layer sums them, else read in place or gathered per batch."""
+    model, n = ctx.model, ctx.adj.num_nodes
+    in_dim = model.dims[layer]
+    if free_bytes is not None and ctx.device.type == "cpu" and sums_before_projecting(model.layers[layer]):
+        free = free_bytes - (nxt.nbytes if nxt is not None else 0)
+        free -= 6 * batch_size * (in_dim + model.dims[layer + 1]) * 4  # one batch's dense part
+        plan = plan_tiles(n, ctx.adj.num_edges, in_dim, free, batch_size, ctx.adj.indices.dtype.itemsize)
+        info(f"layer {layer + 1}: its input does not fit; {plan.describe(n)}")
+        source = FeatureChunks(features) if layer == 0 else LayerChunks(prev)
+        emit = _Emit(ctx, layer, out, z_out, None, nxt)
+
+        def each(lo: int, z: torch.Tensor) -> None:
+            emit(np.arange(lo, lo + len(z), dtype=np.int64), z)
+            if progress is not None:
+                progress(layer, lo + len(z), n)
+
+        try:
+            total, edges = tiled_layer(ctx, layer, source, batch_size=batch_size, plan=plan, emit=each)
+        finally:
+            source.close()
+        return total, edges, plan.describe(n)
+    inp, in_place = open_input(
+        features,
+        layer,
+        prev,
+        ctx.in_place(layer),
+        None,
+        n,
+        model.dims[0],
+        Path(paths[0]).with_name("h_0.npy.partial"),
+        mode,
+    )
+    try:
+        total, edges = compute_layer(
+            ctx, layer, inp, in_place, out, batch_size=batch_size, z_out=z_out, progress=progress, project=nxt
+        )
+    finally:
+        inp.close()
+    return total, edges, "in place" if in_place else "gathered"
 
 
 def full_graph_forward(model, graph, features: torch.Tensor) -> list[torch.Tensor]:

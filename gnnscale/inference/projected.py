@@ -35,6 +35,10 @@ class Projections:
         self.a_n = torch.empty((num_nodes, out), dtype=torch.float32)
         self.a_s = torch.empty((num_nodes, out), dtype=torch.float32) if self.mean else None
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * 4 for t in (self.a_n, self.a_s) if t is not None)
+
     def add(self, lo: int, h: torch.Tensor) -> None:
         """The rows lo.. of the layer's input, as the same float32 linear maps DGL applies."""
         conv, hi = self.conv, lo + len(h)

@@ -54,8 +54,9 @@ class GNN(nn.Module):
         self.norms = nn.ModuleList(_norm(norm, hidden) for _ in range(num_layers - 1))
         self.dropout = nn.Dropout(dropout)
 
-    def layer_forward(self, i: int, block, h: torch.Tensor) -> torch.Tensor:
-        """Layer i on one block: h holds the block's source rows, the result its destination rows."""
+    def layer_forward(self, i: int, block, h: torch.Tensor, finish: bool = True) -> torch.Tensor:
+        """Layer i on one block: h holds the block's source rows, the result its destination rows.
+        finish=False: the conv's output, before after_conv."""
         if self.arch == "mlp":
             # A features-only baseline: the block only says which rows are destinations.
             h = self.layers[i](h[: block.num_dst_nodes()])
@@ -70,7 +71,7 @@ class GNN(nn.Module):
                 h = self.layers[i](block, h, edge_weight=w)
         else:
             h = self.layers[i](block, h)
-        return self.after_conv(i, h)
+        return self.after_conv(i, h) if finish else h
 
     def after_conv(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """What layer i applies to its conv's output: norm, activation, dropout (none on the last layer).
