@@ -60,11 +60,11 @@ def test_sums_then_dense_part_equal_the_conv_bit_for_bit(aggregator):
         split = chunked.ChunkEdges(ip, src, bounds)
         sums = torch.empty((n, 8))
         for c in range(len(bounds) - 1):
-            buf = torch.zeros((chunked.SUM_ROWS + bounds[c + 1] - bounds[c], 8))
-            buf[chunked.SUM_ROWS :] = x[bounds[c] : bounds[c + 1]]
+            buf = torch.zeros((n + bounds[c + 1] - bounds[c], 8))
+            buf[n:] = x[bounds[c] : bounds[c + 1]]
             buf[:n] = sums
             cip, csrc = split.edges(c)
-            sums = chunked.carried_sum(cip, csrc, buf, carry=c > 0)
+            sums = chunked.carried_sum(cip, csrc, buf, n, carry=c > 0)
         assert torch.equal(sums, chunked.chunk_sum(ip, src, x))
         got = chunked.sage_from_sums(conv, sums, torch.from_numpy(np.diff(ip)), x)
     assert torch.equal(got, want)
@@ -107,7 +107,6 @@ def test_streamed_tiles_equal_the_in_memory_run_bit_for_bit(
     monkeypatch.setattr(tiled, "MIN_CHUNK_BYTES", 40 * 8 * 4)
     monkeypatch.setattr(tiled, "MAX_CHUNK_BYTES", 40 * 8 * 4)
     monkeypatch.setattr(tiled, "SUM_ROWS", 30)
-    monkeypatch.setattr(chunked, "SUM_ROWS", 30)
     ckpt = make_ckpt(tmp_path / "train", graph, hidden=16, num_layers=layers, norm="batch")
     mem, how_mem = _layers(tmp_path, graph, ckpt, "memory", None)
     disk, how_disk = _layers(tmp_path, graph, ckpt, "disk", free_bytes)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# Destinations summed at once: their running sums are copied in front of each chunk's rows (the carry).
-SUM_ROWS = 4096
 _NO_EIDS = torch.empty(0, dtype=torch.int64)
 
 
@@ -64,11 +62,11 @@ def chunk_sum(ip: np.ndarray, src: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return dgl.ops.copy_u_sum(block, x)
 
 
-def carried_sum(ip: np.ndarray, src: np.ndarray, x: torch.Tensor, carry: bool) -> torch.Tensor:
-    """The sums of x[SUM_ROWS + src] per destination row r, continued from x[r] when carry (the sums of
-    the chunks before; x[:SUM_ROWS] is the carry area in front of the chunk's rows)."""
+def carried_sum(ip: np.ndarray, src: np.ndarray, x: torch.Tensor, offset: int, carry: bool) -> torch.Tensor:
+    """The sums of x[offset + src] per destination row r, continued from x[r] when carry (the sums of
+    the chunks before; x[:offset] is the carry area in front of the chunk's rows)."""
     if not carry:
-        return chunk_sum(ip, src + SUM_ROWS, x)
+        return chunk_sum(ip, src + offset, x)
     rows = len(ip) - 1
     ip2 = ip + np.arange(rows + 1, dtype=np.int64)
     src2 = np.empty(int(ip2[-1]), dtype=np.int64)
@@ -76,7 +74,7 @@ def carried_sum(ip: np.ndarray, src: np.ndarray, x: torch.Tensor, carry: bool) -
     rest = np.ones(len(src2), dtype=bool)
     rest[first] = False
     src2[first] = np.arange(rows, dtype=np.int64)  # the carried sum: each row's first source row
-    src2[rest] = src + SUM_ROWS
+    src2[rest] = src + offset
     return chunk_sum(ip2, src2, x)
 
 

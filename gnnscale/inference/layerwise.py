@@ -233,8 +233,7 @@ def compute_layer(
                 blk_deg = block.out_degrees().clamp(min=1).double()
                 x = x * (blk_deg / ctx.out_deg[src_ids]).sqrt().to(x.dtype).unsqueeze(1)
             block, x = block.to(ctx.device), x.to(ctx.device)
-        z = model.layer_forward(layer, block, x, finish=False).to("cpu", torch.float32)
-        emit(dst, z)
+        emit(dst, model.layer_forward(layer, block, x, finish=False))
         inp.release()
         done += len(dst)
         edges += len(src)
@@ -252,13 +251,16 @@ class _Emit:
         self.keep, self.project = keep, project
 
     def __call__(self, dst: np.ndarray, z: torch.Tensor) -> None:
+        """z on the model's device; everything written is float32 on the CPU."""
         lo = int(dst[0])
         if self.z_out is not None:
+            zc = z.to("cpu", torch.float32)  # z itself on the CPU: keep's changes reach the finish below
             if self.keep is not None:
-                self.keep("z", lo, z)
-            self.z_out.write(dst, z)
+                self.keep("z", lo, zc)
+            self.z_out.write(dst, zc)
             self.z_out.release()
-        y = finish_layer(self.ctx.model, self.layer, z)
+            z = zc.to(z.device)
+        y = finish_layer(self.ctx.model, self.layer, z).to("cpu", torch.float32)
         if self.keep is not None:
             self.keep("h", lo, y)
         self.out.write(dst, y)
