@@ -208,6 +208,6 @@ def test_capped_layerwise_inference_streams_its_input_and_equals_the_uncapped_ru
     # capped: the features (larger than the cap) streamed by destination tiles
     assert b["summary"]["storage"]["layers"] == "disk" and "cgroup" in b["summary"]["storage"]["why"]
     assert b["summary"]["layers"][0]["sources"].startswith("streamed: ")
-    assert "its input does not fit; streamed" in b["said"]
+    assert "layer 1 reads its input from disk, streamed: " in b["said"]
     for x, y in zip(a["outputs"], b["outputs"], strict=True):
         assert x.shape == y.shape and np.array_equal(x, y)

@@ -385,11 +385,17 @@ def _compute(ctx, layer, features, prev, out, z_out, nxt, paths, *, mode, batch_
     fit (free_bytes given) and the layer sums them, else read in place or gathered per batch."""
     model, n = ctx.model, ctx.adj.num_nodes
     in_dim = model.dims[layer]
-    if free_bytes is not None and ctx.device.type == "cpu" and sums_before_projecting(model.layers[layer]):
+    streams = layer > 0 or isinstance(features, FeatureStore)  # FeatureChunks reads a store's shards
+    if (
+        free_bytes is not None
+        and streams
+        and ctx.device.type == "cpu"
+        and sums_before_projecting(model.layers[layer])
+    ):
         free = free_bytes - (nxt.nbytes if nxt is not None else 0)
         free -= 6 * batch_size * (in_dim + model.dims[layer + 1]) * 4  # one batch's dense part
         plan = plan_tiles(n, ctx.adj.num_edges, in_dim, free, batch_size, ctx.adj.indices.dtype.itemsize)
-        info(f"layer {layer + 1}: its input does not fit; {plan.describe(n)}")
+        info(f"layer {layer + 1} reads its input from disk, {plan.describe(n)}")
         source = FeatureChunks(features) if layer == 0 else LayerChunks(prev)
         emit = _Emit(ctx, layer, out, z_out, None, nxt)
 
