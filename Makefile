@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.gnnscale-installed
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-link clean
+.PHONY: help install demo test lint bench bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-outofcore-infer bench-link clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "}; /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,7 +29,7 @@ lint: $(STAMP) ## ruff check + format check
 	$(BIN)/ruff check gnnscale tests scripts
 	$(BIN)/ruff format --check gnnscale tests scripts
 
-bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-link ## Run every benchmark (large: see scripts/bench_*.py)
+bench: bench-storage bench-accuracy bench-train bench-infer bench-memory bench-formations bench-partition bench-cluster-gcn bench-scaling bench-profile bench-recommend bench-outofcore bench-outofcore-infer bench-link ## Run every benchmark (large: see scripts/bench_*.py)
 
 bench-storage: $(STAMP) ## Shard + CSC of a 5M-node / 200M-edge synthetic graph (needs ~15 GB disk)
 	$(BIN)/python scripts/bench_storage.py
@@ -66,6 +66,9 @@ bench-recommend: $(STAMP) ## gnnscale recommend, every node of a 500k-node graph
 
 bench-outofcore: $(STAMP) ## sage_2hop on the 5M-node graph, uncapped vs a 3 GB cgroup, default memory settings, 3 rounds (root, ~6 GB disk)
 	$(BIN)/python scripts/bench_outofcore.py
+
+bench-outofcore-infer: $(STAMP) ## infer --layerwise (sage_2hop) on the 5M-node graph, uncapped vs a 3 GB cgroup, 3 rounds (root)
+	$(BIN)/python scripts/bench_outofcore_infer.py
 
 bench-link: $(STAMP) ## task=link on Cora / CiteSeer / tolokers (../shared/data) and the synthetic graph vs CN, AA, RA, MLP
 	$(BIN)/python scripts/bench_link.py

@@ -136,3 +136,26 @@ def test_feature_chunks_read_exactly_the_stored_rows(graph, monkeypatch, degree)
             assert torch.equal(chunks.rows(lo, hi), want)
     finally:
         chunks.close()
+
+
+def test_streamed_progress_only_moves_forward_to_every_row(tmp_path, graph, monkeypatch):
+    monkeypatch.setattr(tiled, "MIN_CHUNK_BYTES", 40 * 8 * 4)
+    monkeypatch.setattr(tiled, "MAX_CHUNK_BYTES", 40 * 8 * 4)
+    ckpt = make_ckpt(tmp_path / "train", graph, hidden=16, num_layers=2, norm="batch")
+    g = GraphDir(graph)
+    indptr, indices = open_csc(g)
+    seen: list[tuple[int, int, int]] = []
+    run_layers(
+        load_model(ckpt).model,
+        Adjacency(indptr, indices),
+        FeatureStore(g),
+        layer_paths(tmp_path / "p", 2),
+        mode="disk",
+        batch_size=97,
+        free_bytes=1,
+        progress=lambda layer, done, total: seen.append((layer, done, total)),
+    )
+    first = [d for layer, d, t in seen if layer == 0]
+    # 8 tiles of 97 rows: 18 chunk steps and one batch each
+    assert first == sorted(first) and first[-1] == 700 and len(first) == 8 * (18 + 1)
+    assert {t for _, _, t in seen} == {700}

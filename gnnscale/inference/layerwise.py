@@ -401,11 +401,15 @@ def _compute(ctx, layer, features, prev, out, z_out, nxt, paths, *, mode, batch_
 
         def each(lo: int, z: torch.Tensor) -> None:
             emit(np.arange(lo, lo + len(z), dtype=np.int64), z)
+
+        def done(rows: int) -> None:
             if progress is not None:
-                progress(layer, lo + len(z), n)
+                progress(layer, rows, n)
 
         try:
-            total, edges = tiled_layer(ctx, layer, source, batch_size=batch_size, plan=plan, emit=each)
+            total, edges = tiled_layer(
+                ctx, layer, source, batch_size=batch_size, plan=plan, emit=each, progress=done
+            )
         finally:
             source.close()
         return total, edges, plan.describe(n)

@@ -148,9 +148,12 @@ def plan_tiles(
     return TilePlan(max(step, min(rows, -(-num_nodes // step) * step)), int(chunk_rows))
 
 
-def tiled_layer(ctx, layer: int, source, *, batch_size: int, plan: TilePlan, emit) -> tuple[int, int]:
+def tiled_layer(
+    ctx, layer: int, source, *, batch_size: int, plan: TilePlan, emit, progress=None
+) -> tuple[int, int]:
     """Layer `layer` for every node, plan.tile_rows destinations at a time; emit(lo, z) takes each
-    batch's conv output (as compute_layer's batches would give it). Returns (rows, edges)."""
+    batch's conv output (as compute_layer's batches would give it). progress(rows): a tile's sums count
+    for the first half of its rows, its batches for the second. Returns (rows, edges)."""
     model, adj = ctx.model, ctx.adj
     conv, n = model.layers[layer], adj.num_nodes
     bounds, tile = plan.bounds(n), plan.tile_rows
@@ -175,6 +178,8 @@ def tiled_layer(ctx, layer: int, source, *, batch_size: int, plan: TilePlan, emi
                 if c > 0:
                     buf[: split.rows] = sums[i]
                 sums[i] = carried_sum(*split.edges(c), buf, SUM_ROWS, carry=c > 0)
+            if progress is not None:
+                progress(t0 + (t1 - t0) * (c + 1) // (2 * (len(bounds) - 1)))
         del splits, src
         deg = torch.from_numpy(np.diff(ip))
         first = 0
@@ -183,5 +188,7 @@ def tiled_layer(ctx, layer: int, source, *, batch_size: int, plan: TilePlan, emi
             part = torch.cat(sums[first : first + len(rs)])
             first += len(rs)
             emit(lo, sage_from_sums(conv, part, deg[b0 : hi - t0], source.rows(lo, hi)))
+            if progress is not None:
+                progress(t0 + (t1 - t0 + hi - t0) // 2)
         del sums
     return n, edges
