@@ -16,14 +16,6 @@ import torch
 _NO_EIDS = torch.empty(0, dtype=torch.int64)
 
 
-def sums_before_projecting(conv) -> bool:
-    """SAGEConv mean / gcn with in <= out (DGL sums the input rows, then applies fc_neigh), no activation
-    or norm inside the conv: the layer this module computes."""
-    from gnnscale.inference.propagate import propagates
-
-    return propagates(conv) and conv._in_src_feats <= conv._out_feats
-
-
 class ChunkEdges:
     """A batch of destinations' in-edges (local indptr ip, global sorted sources src) split by source
     chunk (bounds: where the chunks start, then the end): edges(c) gives chunk c's, in CSC order."""
@@ -76,14 +68,3 @@ def carried_sum(ip: np.ndarray, src: np.ndarray, x: torch.Tensor, offset: int, c
     src2[first] = np.arange(rows, dtype=np.int64)  # the carried sum: each row's first source row
     src2[rest] = src + offset
     return chunk_sum(ip2, src2, x)
-
-
-def sage_from_sums(conv, sums: torch.Tensor, deg: torch.Tensor, h_self: torch.Tensor) -> torch.Tensor:
-    """SAGEConv's output from its neighbour sums, with DGL's own operations in DGL's order (checked
-    bit-equal to the conv in tests/test_infer_chunked.py). deg: in-degrees [rows] (int64)."""
-    if conv._aggre_type == "mean":  # DGL: sum / in-degree clamped to 1, then fc_neigh
-        mean = sums / deg.clamp(min=1).to(sums.dtype).view(-1, 1)
-        return conv.fc_self(h_self) + conv.fc_neigh(mean)
-    # gcn: (sum + self) / (in-degree + 1), fc_neigh, then the bias
-    rst = conv.fc_neigh((sums + h_self) / (deg.to(h_self).unsqueeze(-1) + 1))
-    return rst + conv.bias if conv.bias is not None else rst

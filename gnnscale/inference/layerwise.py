@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from gnnscale.inference.blocks import Adjacency, BlockBuilder, projects_sources, reads_sources_by_edge
-from gnnscale.inference.chunked import sums_before_projecting
 from gnnscale.inference.layerfile import LayerFile
 from gnnscale.inference.projected import Projections, layer_from_projections, projectable
 from gnnscale.inference.streamfile import StreamWriter
 from gnnscale.inference.tiled import FeatureChunks, LayerChunks, plan_tiles, tiled_layer
+from gnnscale.models.sums import sums_before_projecting
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.utils.ui import info
 

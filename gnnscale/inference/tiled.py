@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gnnscale.inference.chunked import ChunkEdges, carried_sum, sage_from_sums
+from gnnscale.inference.chunked import ChunkEdges, carried_sum
+from gnnscale.models.sums import sage_from_sums
 
 # Destinations summed at once (their running sums are copied in front of each chunk's rows: the carry):
 # one DGL call per chunk for this many; 16,384 took 0.7x the time of 4,096 (1M nodes, 10 chunks).

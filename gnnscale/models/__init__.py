@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from gnnscale.errors import ConfigError
+from gnnscale.models.sums import sage_from_sums
 
 ARCHS = ("sage", "gcn", "mlp")
 AGGREGATORS = ("mean", "pool", "lstm", "gcn")
@@ -84,10 +85,16 @@ class GNN(nn.Module):
             h = self.dropout(torch.relu_(self.norms[i](h)))
         return h
 
-    def forward(self, blocks, x: torch.Tensor) -> torch.Tensor:
-        h = x
-        for i, block in enumerate(blocks):
-            h = self.layer_forward(i, block, h)
+    def forward(self, blocks, x: torch.Tensor | None, first: tuple | None = None) -> torch.Tensor:
+        """first: (sums, own rows, in-degrees) of blocks[0]'s destinations (training/first_sums.py) in
+        place of x, for a first layer that sums before it projects (models/sums.py); bit-equal."""
+        if first is None:
+            h, start = x, 0
+        else:
+            sums, own, deg = first
+            h, start = self.after_conv(0, sage_from_sums(self.layers[0], sums, deg, own)), 1
+        for i in range(start, len(blocks)):
+            h = self.layer_forward(i, blocks[i], h)
         return h
 
 

@@ -62,15 +62,24 @@ class BlockBuilder:
         src_ids = torch.from_numpy(np.concatenate([dst, others]))
         return self._block(ip, local, len(src_ids), dst, src_ids), src_ids
 
-    def from_edges(self, dst: np.ndarray, src: np.ndarray, edge_dst: np.ndarray, eids=None):
+    def from_edges(
+        self, dst: np.ndarray, src: np.ndarray, edge_dst: np.ndarray, eids=None, by_source: bool = False
+    ):
         """(block, source ids) from an edge list (src[i] -> edge_dst[i], global ids) into destinations `dst`.
 
         `dst` may be in any order (a shuffled batch of seeds); the block's destination i is dst[i].
+        by_source: each destination's edges in ascending source id (else in the order given), the order a
+        sum built chunk by chunk over the feature file adds them in (training/first_sums.py).
         """
         dst = np.ascontiguousarray(dst, dtype=np.int64)
         others = self._relabel(dst, src)
         row = self._map[edge_dst]
-        if len(row) > 1 and not bool((row[1:] >= row[:-1]).all()):
+        if by_source and len(row) > 1:
+            # radix sort of one int64 key: 3 ms for 150k edges, a twentieth of sampling the batch
+            order = np.argsort(row.astype(np.int64) * self.n + src, kind="stable")
+            src, row = src[order], row[order]
+            eids = eids[order] if eids is not None else None
+        elif len(row) > 1 and not bool((row[1:] >= row[:-1]).all()):
             order = np.argsort(row, kind="stable")  # group the edges by destination, keeping their order
             src, row = src[order], row[order]
             eids = eids[order] if eids is not None else None

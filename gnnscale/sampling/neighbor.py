@@ -26,13 +26,16 @@ class NeighborBlockSampler(dgl.dataloading.BlockSampler):
     """A DGL block sampler: usable with `dgl.dataloading.DataLoader` like `NeighborSampler`.
 
     fanouts: one per layer, input layer first (DGL's order); -1 takes every in-neighbour.
+    by_source: the input layer's block lists each destination's edges in ascending source id (its sums can
+    then be built a chunk of the feature file at a time, bit-equal: training/first_sums.py).
     Returns (input_nodes, seeds, blocks) with blocks[0] the input layer's block.
     """
 
-    def __init__(self, fanouts: Sequence[int], replace: bool = False):
+    def __init__(self, fanouts: Sequence[int], replace: bool = False, by_source: bool = False):
         super().__init__()
         self.fanouts = [int(f) for f in fanouts]
         self.replace = bool(replace)
+        self.by_source = bool(by_source)
         self._builder: BlockBuilder | None = None
 
     def _builder_for(self, g) -> BlockBuilder:
@@ -46,9 +49,10 @@ class NeighborBlockSampler(dgl.dataloading.BlockSampler):
         exclude = ids_for(g, exclude_eids)
         dst = seeds
         blocks = []
-        for fanout in reversed(self.fanouts):
+        for depth, fanout in enumerate(reversed(self.fanouts)):
             sampled = g.sample_neighbors(ids_for(g, dst), fanout, replace=self.replace, exclude_edges=exclude)
             f = frontier_of(sampled)  # int64 ids whatever g's idtype: the same block from either
-            block, dst = builder.from_edges(dst.numpy(), f.src, f.edge_dst, f.eids)
+            by_source = self.by_source and depth == len(self.fanouts) - 1
+            block, dst = builder.from_edges(dst.numpy(), f.src, f.edge_dst, f.eids, by_source=by_source)
             blocks.insert(0, block)
         return dst, seeds, blocks
