@@ -255,7 +255,7 @@ def run(name: str, graph_dir: Path, scratch: Path, args, cgroup: MemoryCgroup | 
         row["error"] = (proc.stderr or proc.stdout)[-1500:]
         return row
     row.update(json.loads(Path(spec["out"]).read_text()))
-    keep = ("features", "graph structure", "memory:", "evaluation batches", "hot-feature")
+    keep = ("features", "graph structure", "memory:", "evaluation batches", "hot-feature", "training batches")
     row["said"] = [" ".join(x.split()) for x in proc.stdout.splitlines() if x.strip().startswith(keep)][:6]
     return row
 

@@ -179,10 +179,19 @@ def _run(graph, tmp_path, name: str, *extra: str, exp: str = "sage_2hop") -> tup
     return lines, s, weights
 
 
-def test_training_with_features_read_ahead_equals_features_in_ram(tiny_graph, tmp_path):
-    ram, s_ram, w_ram = _run(tiny_graph, tmp_path, "ram", "train.feature_cache=memory")
-    read, s_read, w_read = _run(tiny_graph, tmp_path, "read", "train.feature_cache=read")
+@pytest.mark.parametrize(
+    "extra, mode",
+    [
+        ((), "sweep"),  # the small-graph profile's input dropout: the rows themselves are read ahead
+        (("train.few_labels.below=0",), "first-layer sums"),  # SAGE mean, 8 -> 256: its sums are
+        (("train.few_labels.below=0", "model.aggregator=gcn", "model.norm=none"), "first-layer sums"),
+    ],
+)
+def test_training_with_features_read_ahead_equals_features_in_ram(tiny_graph, tmp_path, extra, mode):
+    ram, s_ram, w_ram = _run(tiny_graph, tmp_path, "ram", "train.feature_cache=memory", *extra)
+    read, s_read, w_read = _run(tiny_graph, tmp_path, "read", "train.feature_cache=read", *extra)
     assert s_read["memory_plan"]["feature_cache"] == "read" and s_read["memory_plan"]["stage_rows"] > 0
+    assert s_read["feature_reads"]["mode"] == mode
     assert [{k: r.get(k) for k in COMPUTED} for r in read] == [{k: r.get(k) for k in COMPUTED} for r in ram]
     assert w_ram.keys() == w_read.keys() and all(torch.equal(w_ram[k], w_read[k]) for k in w_ram)
     assert s_read["test_acc"] == s_ram["test_acc"]

@@ -29,6 +29,8 @@ class Batch:
     # [2, K] (positive, column of neg_dst) pairs that are known edges, not negatives (filtered ranking)
     neg_known: torch.Tensor | None = None
     x: torch.Tensor | None = None
+    # (sums, own rows, in-degrees) of blocks[0]'s destinations, in place of x (training/sum_sweep.py)
+    first: tuple | None = None
     y: torch.Tensor | None = None
     sample_s: float = 0.0
     gather_s: float = 0.0
@@ -44,7 +46,9 @@ class Batch:
     def to(self, device: torch.device) -> "Batch":
         """Move what the model reads (blocking copies: a pinned x buffer may be refilled right after)."""
         if self.blocks is not None:
-            self.blocks = [b.to(device) for b in self.blocks]
+            self.blocks = [b.to(device) if b is not None else None for b in self.blocks]
+        if self.first is not None:
+            self.first = tuple(t.to(device) for t in self.first)
         if self.subgraph is not None:
             self.subgraph = self.subgraph.to(device)
         for name in (

@@ -36,17 +36,8 @@ import torch
 
 from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_store import FeatureStore
+from gnnscale.training.sum_sweep import SumSweep, single_threaded
 from gnnscale.training.sweep import swept_batches
-
-
-def _single_threaded() -> None:
-    """The gather thread runs its copies on one OpenMP thread (a per-thread setting): a second
-    team of spinning OpenMP workers would steal the cores the model's matmuls are using."""
-    from dgl.utils import set_num_threads
-
-    # torch sets each new thread's OpenMP count on its first parallel op: let that happen first.
-    torch.index_select(torch.zeros(1 << 16, 4), 0, torch.zeros(1 << 16, dtype=torch.int64))
-    set_num_threads(1)
 
 
 class FeatureBuffers:
@@ -91,13 +82,15 @@ class BatchStream:
         pin = self.device.type == "cuda"
         self.buffers = buffers or FeatureBuffers(features.feat_dim, features.dtype, self.prefetch, pin)
         self._pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="gnnscale-gather", initializer=_single_threaded)
+            ThreadPoolExecutor(1, thread_name_prefix="gnnscale-gather", initializer=single_threaded)
             if self.prefetch
             else None
         )
         self._len = num_batches
         self._limit: int | None = None
-        self.sweeper = sweeper  # training/sweep.Sweeper: rows read by a sweep ahead (feature_cache=read)
+        # feature_cache=read: training/sweep.Sweeper (rows read by a sweep ahead), or for a first layer that
+        # sums before it projects training/sum_sweep.SumSweep (its sums added as the features are read)
+        self.sweeper = sweeper
         if sweeper is not None:
             self.prefetch = 0  # the sweep reads ahead itself; gathers from what it read are memory copies
 
@@ -126,8 +119,7 @@ class BatchStream:
         if x.dtype != torch.float32:  # fp16/bf16-stored features: the model's weights are fp32
             x = x.float()
         b.x = x
-        if self.labels is not None:
-            b.y = self.labels[b.seeds]
+        self._labelled(b)
         b.gather_s = time.perf_counter() - t0
         return b
 
@@ -169,7 +161,15 @@ class BatchStream:
                 if self._pool is not None:
                     job.result()
 
+    def _labelled(self, b: Batch) -> None:
+        if self.labels is not None:
+            b.y = self.labels[b.seeds]
+
     def _swept(self, it: Iterator[Batch]) -> Iterator[Batch]:
-        for b in swept_batches(self.sweeper, it, self.buffers.take, self._gather):
+        if isinstance(self.sweeper, SumSweep):
+            batches = self.sweeper.stream(it, self._labelled)
+        else:
+            batches = swept_batches(self.sweeper, it, self.buffers.take, self._gather)
+        for b in batches:
             yield b if self.device.type == "cpu" else b.to(self.device)
             b = None  # not held while the next batch is gathered (see Memory above)

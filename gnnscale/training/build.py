@@ -27,7 +27,8 @@ from gnnscale.training.memory_plan import (
 from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
-from gnnscale.training.sweep import Sweeper
+from gnnscale.training.sum_sweep import SumSweep
+from gnnscale.training.sweep import SLOT_INDEX_BYTES, Sweeper, node_map_bytes
 from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
@@ -67,6 +68,9 @@ def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = No
     for phase in phases:
         if phase.fanouts not in by_fanouts:
             by_fanouts[phase.fanouts] = build_sampler(cfg.sampler, layers, phase.fanouts)
+    if sums_first_layer(cfg, data):  # the same order in RAM as out of core, where the sums are built
+        for sampler in by_fanouts.values():
+            sampler.by_source = True
     samplers = {
         "train": [by_fanouts[phase.fanouts] for phase in phases],
         "eval": build_eval_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
@@ -143,6 +147,34 @@ def preflight(
     return p, decisions
 
 
+def sums_first_layer(cfg: DictConfig, data: TrainData) -> bool:
+    """Can the training batches' first layer be summed as the features are read (training/sum_sweep.py)?
+    A SAGE mean / gcn layer with in <= out (models/sums.py) on the neighbour sampler's blocks, fp32, no
+    input dropout, no degree column (the file's rows are the layer's input), a node task. The sampler
+    then lists the input layer's edges in source order in every run, capped or not, so both sum alike."""
+    m = cfg.model
+    out = int(m.hidden) if int(m.num_layers) > 1 else int(data.num_classes)
+    return (
+        m.arch == "sage"
+        and m.aggregator in ("mean", "gcn")
+        and data.feat_dim <= out
+        and cfg.sampler.kind == "neighbor"
+        and str(cfg.precision.dtype) == "fp32"
+        and float(cfg.train.input_dropout) == 0
+        and not bool(m.get("degree_feature", False))
+        and data.edges is None
+    )
+
+
+def build_sum_sweep(data: TrainData) -> SumSweep:
+    """The first-layer sums' passes, in the memory the plan gave the row sweep's pool and node map."""
+    rows, _, spare = data.stage
+    budget = (rows + spare) * (data.reader.row_bytes + SLOT_INDEX_BYTES) + node_map_bytes(
+        data.graph.num_nodes
+    )
+    return SumSweep(data.features, data.reader, budget)
+
+
 def build_sweeper(data: TrainData, lookahead: bool = True) -> Sweeper | None:
     """feature_cache=read: one sweep for a run's streams (they never run at once, so they share it).
     lookahead=False: one batch in flight, sampled after the one before computed (samplers that draw from
@@ -179,6 +211,8 @@ def build_streams(
     eval_bs = eval_batch_size or _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     sweeper = build_sweeper(data)
+    # training batches' first layer summed as the file is read; evaluation batches keep the row sweep
+    summed = build_sum_sweep(data) if sweeper is not None and sums_first_layer(cfg, data) else None
     cut = loss_blocks_layers(cfg)
 
     def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
@@ -201,7 +235,7 @@ def build_streams(
             prefetch=prefetch,
             device=device,
             buffers=buffers,
-            sweeper=sweeper,
+            sweeper=summed if train and summed is not None else sweeper,
         )
 
     phases = resolve_phases(cfg)

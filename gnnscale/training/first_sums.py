@@ -15,10 +15,10 @@ chunk in order, performs the same float additions in the same order: the sums ar
 the layer's output (sage_from_sums) to the in-memory run's (tests/test_first_sums.py). The cohort takes the
 chunks from the first to the last: a batch that joined mid-pass would add its edges in another order.
 
-Adds: within a chunk the k-th edge of every destination is added at once (distinct destinations: one
-gather, one add, one scatter for all of them, in rounds k = 0, 1, ...). On the 5M-node graph this costs
-46 ms per batch for a 24-batch cohort against 55 ms for DGL's sum with the running sums carried in front of
-the chunk, and needs no copy of the chunk (the probe measures both).
+Adds: a chunk's edges for the whole cohort are one index_add_ (torch adds the listed rows one after
+another, so each destination's edges go in in their order). On one thread it took half the time of adding
+the k-th edge of every destination at once, round after round, and equals it bit for bit (30k edges into
+200k sums: 5.6 against 10.9 ms).
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ class CohortSums:
             gsrc = input_nodes.numpy()[ind].astype(np.int64)
             deg = np.diff(ip)
             row = np.repeat(np.arange(len(deg), dtype=np.int64), deg)
-            step = np.diff(gsrc)
-            if np.any((step < 0) & (row[1:] == row[:-1])):
+            if np.any((np.diff(gsrc) < 0) & (row[1:] == row[:-1])):
                 raise ValueError("blocks[0] must list each destination's edges in ascending source id")
             rows.append(row + self.offsets[-1])
             srcs.append(gsrc)
@@ -53,29 +52,33 @@ class CohortSums:
             degs.append(torch.from_numpy(deg.astype(np.int64)))
             self.offsets.append(self.offsets[-1] + len(deg))
         row, src = np.concatenate(rows), np.concatenate(srcs)
-        n = self.offsets[-1]
         chunk = np.searchsorted(self.starts, src, side="right") - 1
-        # grouped by chunk, then destination; stable, so each destination's edges stay in source order
-        order = np.argsort(chunk * max(n, 1) + row, kind="stable")
-        self.row, self.src, chunk = row[order], src[order], chunk[order]
+        # grouped by chunk, stable: within a chunk the edges stay in (batch, destination, source) order.
+        # A radix sort on 16-bit keys: a few ms for a cohort of millions of edges.
+        order = np.argsort(chunk.astype(np.int16 if k < 2**15 else np.int64), kind="stable")
+        ids = (
+            np.int32
+            if self.offsets[-1] < 2**31 and int(np.diff(self.starts).max(initial=0)) < 2**31
+            else np.int64
+        )
+        self.row = row[order].astype(ids)
+        chunk = chunk[order]
+        self.src = (src[order] - self.starts[chunk]).astype(ids)  # within its chunk
         self.bounds = np.searchsorted(chunk, np.arange(k + 1))
-        first = np.ones(len(row), dtype=bool)
-        first[1:] = (self.row[1:] != self.row[:-1]) | (chunk[1:] != chunk[:-1])
-        self.rank = np.arange(len(row)) - np.maximum.accumulate(np.where(first, np.arange(len(row)), 0))
         own_ids = np.concatenate(own)
         self.own_order = np.argsort(own_ids, kind="stable")
         self.own_ids = own_ids[self.own_order]
         self.own_bounds = np.searchsorted(self.own_ids, self.starts)
         self.degs = degs
+        n = self.offsets[-1]
         self.sums = torch.zeros((n, dim), dtype=dtype)
         self.own = torch.empty((n, dim), dtype=dtype)
-        most = int(np.diff(self.bounds).max()) if k else 0
-        self._scratch = torch.empty((2, most, dim), dtype=dtype)
+        self._scratch = torch.empty((int(np.diff(self.bounds).max(initial=0)), dim), dtype=dtype)
 
     @property
     def nbytes(self) -> int:
         """What the cohort holds: sums and own rows, the edge lists, the scratch."""
-        arrays = (self.row, self.src, self.rank, self.own_order, self.own_ids)
+        arrays = (self.row, self.src, self.own_order, self.own_ids)
         tensors = (self.sums, self.own, self._scratch)
         return sum(a.nbytes for a in arrays) + sum(t.numel() * t.element_size() for t in tensors)
 
@@ -84,13 +87,9 @@ class CohortSums:
         lo = int(self.starts[c])
         rows = rows.to(self.sums.dtype)  # fp16 / bf16-stored rows: the model reads them as float32
         a, b = int(self.bounds[c]), int(self.bounds[c + 1])
-        rank = self.rank[a:b]
-        for k in range(int(rank.max()) + 1 if b > a else 0):
-            m = np.flatnonzero(rank == k) + a
-            at, src = torch.from_numpy(self.row[m]), torch.from_numpy(self.src[m] - lo)
-            acc = torch.index_select(self.sums, 0, at, out=self._scratch[0, : len(m)])
-            acc.add_(torch.index_select(rows, 0, src, out=self._scratch[1, : len(m)]))
-            self.sums.index_copy_(0, at, acc)
+        if b > a:
+            picked = torch.index_select(rows, 0, torch.from_numpy(self.src[a:b]), out=self._scratch[: b - a])
+            self.sums.index_add_(0, torch.from_numpy(self.row[a:b]), picked)
         o0, o1 = int(self.own_bounds[c]), int(self.own_bounds[c + 1])
         if o1 > o0:
             self.own[torch.from_numpy(self.own_order[o0:o1])] = rows[

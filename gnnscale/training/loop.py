@@ -65,7 +65,10 @@ def train_epoch(
         x = F.dropout(b.x, input_dropout, training=True) if input_dropout > 0 else b.x
         with sync.step(last):
             with precision.autocast():
-                out = net(b.layers(model.num_layers), x)
+                if b.first is None:
+                    out = net(b.layers(model.num_layers), x)
+                else:  # the first layer's sums, summed as the features were read (training/sum_sweep.py)
+                    out = net(b.layers(model.num_layers), None, first=b.first)
             loss = task.loss(out, b)
             t1 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,189 @@
+"""Training batches whose first layer is summed by passes over the feature file (feature_cache=read, a first
+layer that sums before it projects: SAGE mean / gcn with in <= out, the neighbour sampler, fp32, no input
+dropout).
+
+The row sweep (training/sweep.py) holds every input row of a batch until the batch computes: 148k rows,
+76 MB a batch on the 5M-node bench, so a pass over the file serves as many batches as the memory left
+holds rows for. This one holds, per batch, the first layer's running neighbour sums and its destinations'
+own rows (training/first_sums.py: 2 x 11k rows there), so the same memory carries several times more
+batches per pass, and the model gets the first layer's sums instead of rows to gather and aggregate.
+
+Batches go in cohorts: a cohort is sampled (in the caller's thread, in order, as any stream samples), its
+first-layer edges planned, then one pass over the file, first chunk to last (the order its sums must be
+added in to equal DGL's), adds every chunk into the cohort's sums, in a thread, the next chunk read while
+one is added. While a cohort's pass runs, the cohort before it computes, and the one after it is sampled.
+So two cohorts' sums are held, and one cohort's sampled blocks beside them: the cohort size is the most
+batches for which that fits the plan's share for rows read ahead (the pool and node map the row sweep
+would have had). Bit-equal to training with the features in RAM: same batches, same sums, same weights.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from gnnscale.sampling.batch import Batch, next_sampled
+from gnnscale.storage.feature_reader import settle
+from gnnscale.training.first_sums import CohortSums
+from gnnscale.utils.ui import info
+
+# Rows read per step of a pass: long reads for the disk, and a small buffer (two of them).
+CHUNK_BYTES = 32 << 20
+# At most this many batches a cohort: past that a pass costs less than the cohort's compute anyway.
+MOST_BATCHES = 256
+# A cohort's edge lists per edge: destination and source (int32 each).
+EDGE_BYTES = 4 * 2
+
+
+def single_threaded() -> None:
+    """A helper thread runs its torch ops on one OpenMP thread (a per-thread setting): a second team of
+    spinning OpenMP workers would steal the cores the model's matmuls are using."""
+    from dgl.utils import set_num_threads
+
+    # torch sets each new thread's OpenMP count on its first parallel op: let that happen first.
+    torch.index_select(torch.zeros(1 << 16, 4), 0, torch.zeros(1 << 16, dtype=torch.int64))
+    set_num_threads(1)
+
+
+def batch_bytes(b: Batch, dim: int, chunks: int) -> int:
+    """What one batch costs a cohort: its first layer's sums and own rows (float32), its edge lists, its
+    share of the add scratch (a chunk's edges' rows; twice the even share: chunks differ), and its sampled
+    blocks while the cohort waits for its pass (int64 ids: CSC, edge ids; input ids)."""
+    first = b.blocks[0]
+    dst, edges = first.num_dst_nodes(), first.num_edges()
+    blocks = sum(blk.num_edges() * 8 * 2 + blk.num_dst_nodes() * 8 for blk in b.blocks)
+    scratch = 2 * edges * dim * 4 // max(chunks, 1)
+    return 2 * dst * dim * 4 + edges * EDGE_BYTES + scratch + blocks + len(b.input_nodes) * 8
+
+
+class SumSweep:
+    """The passes and their cohorts (see the module doc). budget: bytes the cohorts may hold."""
+
+    def __init__(self, features, reader, budget: int):
+        self.features, self.reader = features, reader
+        self.budget = max(0, int(budget))
+        self.starts = reader.spans(max(1, CHUNK_BYTES // max(reader.row_bytes, 1)))
+        self.dim = int(features.stored_dim)
+        self._stop = threading.Event()
+        self.passes = self.batches = self.cohort = 0
+        self.read_s = self.cpu_s = self.wait_s = 0.0
+        self.rows_read = 0
+
+    def cohort_size(self, b: Batch) -> int:
+        """Two cohorts' sums and one cohort's blocks in the budget (at least one batch)."""
+        per = 2 * batch_bytes(b, self.dim, len(self.starts) - 1)
+        return int(max(1, min(MOST_BATCHES, self.budget // max(per, 1))))
+
+    def _pass(self, cohort: CohortSums, bufs) -> None:
+        """Every chunk of the file, first to last, added into the cohort (the sweep's thread)."""
+        cpu0 = time.thread_time()
+        starts, reader = self.starts, self.reader
+        job = reader.read_span(starts[0], starts[1], bufs[0])
+        try:
+            for c in range(len(starts) - 1):
+                t0 = time.perf_counter()
+                rows = job.result()
+                self.read_s += time.perf_counter() - t0
+                job = None
+                if self._stop.is_set():
+                    return
+                if c + 2 < len(starts):  # the next chunk read while this one is added
+                    job = reader.read_span(starts[c + 1], starts[c + 2], bufs[(c + 1) % 2])
+                lo, hi = int(starts[c]), int(starts[c + 1])
+                cohort.add(c, rows.view(self.features.dtype).view(hi - lo, self.dim))
+            self.rows_read += int(starts[-1])
+            self.passes += 1
+        finally:
+            if job is not None:
+                settle([job])  # no read may still write into a buffer once this returns
+            self.cpu_s += time.thread_time() - cpu0
+
+    def _sample(self, it, k: int) -> list[Batch]:
+        out = []
+        while len(out) < k:
+            b = next_sampled(it)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def _plan(self, batches: list[Batch]) -> CohortSums:
+        cohort = CohortSums([(b.input_nodes, b.blocks[0]) for b in batches], self.starts, self.dim)
+        for b in batches:  # the model reads the sums instead: its largest block goes now
+            b.blocks = [None, *b.blocks[1:]]
+        return cohort
+
+    def stream(self, it: Iterator[Batch], finish: Callable[[Batch], None]) -> Iterator[Batch]:
+        """The loader's batches, in order, each with b.first = (sums, own rows, in-degrees) of its first
+        layer; finish(b) sets what else the model reads (labels)."""
+        self._stop.clear()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="gnnscale-sums", initializer=single_threaded)
+        rows = int(np.diff(self.starts).max())
+        bufs = [self.reader.span_buffer(rows) for _ in range(2)]
+        job = None
+        try:
+            cur = self._sample(it, 1)
+            if not cur:
+                return
+            k = self.cohort_size(cur[0])
+            if k != self.cohort:  # said once a run (the first epoch), again only if it changes
+                mb = batch_bytes(cur[0], self.dim, len(self.starts) - 1) / 1e6
+                info(
+                    f"training batches: first layer summed as the feature file is read, {k} batch"
+                    f"{'' if k == 1 else 'es'} a pass ({mb:,.0f} MB each, two passes' worth held in "
+                    f"{self.budget / 1e9:.2f} GB)"
+                )
+                self.cohort = k
+            cur += self._sample(it, k - 1)
+            sums = self._plan(cur)
+            job = pool.submit(self._pass, sums, bufs)
+            while cur:
+                nxt = self._sample(it, k)  # sampled while the pass runs
+                t0 = time.perf_counter()
+                job.result()
+                waited = time.perf_counter() - t0
+                self.wait_s += waited
+                job = None
+                nxt_sums = self._plan(nxt) if nxt else None
+                if nxt_sums is not None:
+                    job = pool.submit(self._pass, nxt_sums, bufs)
+                for i, b in enumerate(cur):
+                    b.first = sums.batch(i)
+                    finish(b)
+                    b.gather_s = waited if i == 0 else 0.0  # waiting for the disk is the cohort's gather
+                    self.batches += 1
+                    cur[i] = None  # not held once the consumer lets go of it
+                    yield b
+                    b = None
+                cur, sums = nxt, nxt_sums
+        finally:
+            self._stop.set()
+            if job is not None:
+                try:
+                    job.result()
+                except BaseException:  # the caller's own exception (or its close) is the one to raise
+                    pass
+            pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def stats(self) -> dict:
+        return {
+            "mode": "first-layer sums",
+            "reads": "dense",
+            "batches": self.batches,
+            "cohort_batches": self.cohort,
+            "passes": self.passes,
+            "chunks_read": self.passes * (len(self.starts) - 1),
+            "rows_read": self.rows_read,
+            "read_s": round(self.read_s, 3),
+            "waited_s": round(self.wait_s, 3),
+            "cpu_s": round(self.cpu_s, 2),
+            "num_chunks": len(self.starts) - 1,
+        }
