@@ -5,17 +5,16 @@ Today's sweep (training/sweep.py) holds every input row of every batch in flight
 gathered; on the 5M-node bench a batch needs 148k rows (76 MB), so a 3 GB cap carries about 18 batches per
 pass over the 2.56 GB feature file, and the 2M-node / 1.5 GB bench about 4. A SAGE mean / gcn layer with
 in <= out only needs, per destination of blocks[0], the sum of its in-neighbours' rows and its own row:
-about 11k destinations, 2 x 11k x 512 B + 12 B per edge = 13 MB a batch, 5-6x fewer bytes. This script
-measures, before any of it is built, what such a sweep would cost on the real graph:
+about 11k destinations, 2 x 11k x 512 B plus the edge lists, 5-6x fewer bytes. This script measured,
+before training used it (training/sum_sweep.py), what such a sweep costs on the real graph:
 
-  1. a cohort of --batches batches sampled with gnnscale's sampler (sage_2hop, fanouts [15,10], 1024);
+  1. a cohort of --batches batches sampled with gnnscale's sampler (sage_2hop, fanouts [15,10], 1024;
+     by_source=True: each destination's input-layer edges in ascending source id);
   2. one O_DIRECT pass over the feature file (FeatureReader.read_span, 32 MB chunks, the next one read
-     while the last is summed), every chunk's edges into the cohort's destinations added to their
-     running sums (inference/chunked.carried_sum: DGL's own sum, each sum carried in as its row's first
-     source, so the result equals one DGL sum over the edges in source-id order);
+     while the last is added), every chunk's edges added into the cohort's running sums
+     (training/first_sums.CohortSums: one index_add_ per chunk, equal to DGL's sum in that edge order);
   3. the model step both ways on the same batches: in RAM (gather x, forward, backward) and from the
-     sums (forward from sums via sage_from_sums, backward), checking the outputs are bit-equal when the
-     in-RAM block lists each destination's edges in source-id order.
+     sums (GNN.forward(first=...)), checking the outputs are bit-equal.
 
 Writes bench/results/probe_first_layer_sums.json:
     .venv/bin/python scripts/probe_first_layer_sums.py --graph-dir bench/tmp/outofcore/graph
