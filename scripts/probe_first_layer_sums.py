@@ -93,7 +93,7 @@ def main() -> None:
 
     # The model step both ways, on the same batches (no optimizer step: both see the same weights).
     feats = FeatureStore(g, in_memory=True)
-    model = GNN("sage", d, 256, 16, 2, "mean", 0.5, "batch").train()
+    model = GNN("sage", d, 256, 16, 2, aggregator="mean", dropout=0.5, norm="batch").train()
     equal, ram_s, sums_s, gather_s = True, [], [], []
     for i, (inp, _, blocks) in enumerate(batches):
         y = torch.randint(0, 16, (blocks[-1].num_dst_nodes(),))

@@ -71,7 +71,7 @@ def test_model_from_sums_equals_model_on_rows(graph, aggregator):
     batches = sample(graph, True)
     sums = cohort(batches, x)
     torch.manual_seed(0)
-    model = GNN("sage", DIM, 16, 4, 2, aggregator, 0.5, "batch").train()
+    model = GNN("sage", DIM, 16, 4, 2, aggregator=aggregator, dropout=0.5, norm="batch").train()
     for i, (inp, _, blocks) in enumerate(batches):
         outs, grads = [], []
         for first in (None, sums.batch(i)):

@@ -32,6 +32,7 @@ class GNN(nn.Module):
         hidden: int,
         num_classes: int,
         num_layers: int,
+        *,
         aggregator: str,
         dropout: float,
         norm: str,
@@ -143,9 +144,9 @@ def build_model(cfg, in_dim: int, num_classes: int) -> GNN:
         int(cfg.hidden),
         int(num_classes),
         int(cfg.num_layers),
-        cfg.aggregator,
-        float(cfg.dropout),
-        cfg.norm or "none",
+        aggregator=cfg.aggregator,
+        dropout=float(cfg.dropout),
+        norm=cfg.norm or "none",
     )
 
 

@@ -36,8 +36,9 @@ import torch
 
 from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_store import FeatureStore
-from gnnscale.training.sum_sweep import SumSweep, single_threaded
+from gnnscale.training.sum_sweep import SumSweep
 from gnnscale.training.sweep import swept_batches
+from gnnscale.training.threads import single_threaded
 
 
 class FeatureBuffers:
@@ -68,6 +69,7 @@ class BatchStream:
         make_loader: Callable[[], Iterable[Batch]],
         features: FeatureStore,
         labels: torch.Tensor | None,
+        *,
         prefetch: int = 1,
         device: torch.device | None = None,
         num_batches: int | None = None,

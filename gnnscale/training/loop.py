@@ -40,6 +40,7 @@ def train_epoch(
     optimizer,
     scheduler,
     precision,
+    *,
     grad_clip: float = 0.0,
     input_dropout: float = 0.0,
     on_batch: Callable[[BatchEnd], None] | None = None,

@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import numpy as np
-import torch
 
 from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_reader import settle
 from gnnscale.training.first_sums import CohortSums
+from gnnscale.training.threads import single_threaded
 from gnnscale.utils.ui import info
 
 # Rows read per step of a pass: long reads for the disk, and a small buffer (two of them).
@@ -38,16 +38,6 @@ CHUNK_BYTES = 32 << 20
 MOST_BATCHES = 256
 # A cohort's edge lists per edge: destination and source (int32 each).
 EDGE_BYTES = 4 * 2
-
-
-def single_threaded() -> None:
-    """A helper thread runs its torch ops on one OpenMP thread (a per-thread setting): a second team of
-    spinning OpenMP workers would steal the cores the model's matmuls are using."""
-    from dgl.utils import set_num_threads
-
-    # torch sets each new thread's OpenMP count on its first parallel op: let that happen first.
-    torch.index_select(torch.zeros(1 << 16, 4), 0, torch.zeros(1 << 16, dtype=torch.int64))
-    set_num_threads(1)
 
 
 def batch_bytes(b: Batch, dim: int, chunks: int) -> int:
@@ -75,7 +65,7 @@ class SumSweep:
         self.rows_read = 0
 
     def cohort_size(self, b: Batch) -> int:
-        """Two cohorts' sums and one cohort's blocks in the budget (at least one batch)."""
+        """As many batches as two cohorts of them fit the budget, each batch at batch_bytes (at least one)."""
         per = 2 * batch_bytes(b, self.dim, len(self.starts) - 1)
         return int(max(1, min(MOST_BATCHES, self.budget // max(per, 1))))
 

@@ -238,9 +238,9 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             self.precision,
-            self.s.grad_clip,
-            self.s.input_dropout,
-            on_batch if self.callbacks else None,
+            grad_clip=self.s.grad_clip,
+            input_dropout=self.s.input_dropout,
+            on_batch=on_batch if self.callbacks else None,
             grad_norm=any(cb.wants_grad_norm for cb in self.callbacks),
             sync=self.sync,
         )

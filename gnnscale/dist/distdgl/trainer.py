@@ -228,7 +228,7 @@ def fit(cfg, g, job: dict, p: Parts, rank: int) -> dict:
         reseed(epoch_seed(int(cfg.seed), epoch, 0, rank))
         stats = train_epoch(
             p.model, batches, p.task, p.optimizer, p.scheduler, p.precision,
-            float(t.grad_clip), float(t.input_dropout), sync=p.sync,
+            grad_clip=float(t.grad_clip), input_dropout=float(t.input_dropout), sync=p.sync,
         )  # fmt: skip
         record = {
             "epoch": epoch,
