@@ -37,8 +37,8 @@ def edge_lists(block, input_nodes) -> list[list[int]]:
     return [gsrc[ip[r] : ip[r + 1]] for r in range(block.num_dst_nodes())]
 
 
-def cohort(batches, x) -> CohortSums:
-    sums = CohortSums([(inp, blocks[0]) for inp, _, blocks in batches], STARTS, DIM)
+def cohort(batches, x, scratch=None) -> CohortSums:
+    sums = CohortSums([(inp, blocks[0]) for inp, _, blocks in batches], STARTS, DIM, scratch=scratch)
     for c in range(len(STARTS) - 1):
         sums.add(c, x[STARTS[c] : STARTS[c + 1]].clone())
     return sums
@@ -54,10 +54,12 @@ def test_by_source_samples_the_same_edges_in_source_order(graph):
         assert edge_lists(bo[1], io) == edge_lists(bp[1], ip_)  # other layers untouched
 
 
-def test_cohort_sums_equal_dgl_sums_bit_for_bit(graph):
+@pytest.mark.parametrize("scratch_rows", [0, 3])  # 0: its own (one piece a chunk); 3: many pieces a chunk
+def test_cohort_sums_equal_dgl_sums_bit_for_bit(graph, scratch_rows):
     x = torch.randn(N, DIM, generator=torch.Generator().manual_seed(2))
     batches = sample(graph, True)
-    sums = cohort(batches, x)
+    scratch = torch.full((scratch_rows * DIM,), float("nan")) if scratch_rows else None
+    sums = cohort(batches, x, scratch)
     for i, (inp, _, blocks) in enumerate(batches):
         s, own, deg = sums.batch(i)
         assert torch.equal(s, dgl.ops.copy_u_sum(blocks[0], x[inp]))

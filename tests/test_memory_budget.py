@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,13 @@ from gnnscale.training.memory_plan import (
     Sizes,
     Workload,
     _step_bytes,
+    cohort_batches,
     estimate,
     fitting_settings,
     plan,
     plan_eval_batches,
     refusal,
+    sums_batch_bytes,
 )
 from gnnscale.utils.memlimit import Budget, gb, memory_limit, parse_size, resolve_budget
 from tests.conftest import TINY_SYNTHETIC, build_graph, compose
@@ -181,6 +184,28 @@ def test_auto_evaluation_batches_halve_to_fit_and_set_ones_stay():
     # Fits as asked: untouched, no decision line.
     p, decided, _ = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=big)
     assert p.eval_batch_size == 4096 and not any("evaluation batches" in d for d in decided)
+
+
+def test_first_layer_sums_plan_holds_cohorts_not_rows():
+    """A first layer summed as the file is read (Sizes.first_sums): the plan holds no gathered rows and no
+    row pool, only the pass's buffers and the cohorts' sums, which grow into what the budget leaves."""
+    sums_sizes = replace(SIZES, dims=(256, 256, 8), first_sums=True)
+    rows_sizes = replace(sums_sizes, first_sums=False)
+    w_sums, w_rows = (Workload(s, TRAIN, TRAIN, 300 << 20, 0) for s in (sums_sizes, rows_sizes))
+    lean_sums = estimate(w_sums, "read", 0, Budget(10**12, "t"), structure="memory")
+    lean_rows = estimate(w_rows, "read", 0, Budget(10**12, "t"), structure="memory")
+    assert lean_sums.parts["gather buffers"] == 0 and "rows read ahead" not in lean_sums.parts
+    least = 2 * sums_batch_bytes(sums_sizes, TRAIN)  # a cohort of one batch, twice
+    assert lean_sums.sums_bytes == lean_sums.parts["first-layer sums (two cohorts)"] == least
+    assert lean_sums.must_fit < lean_rows.must_fit
+    budget = between(lean_sums.must_fit, lean_rows.must_fit)
+    p, said = plan(w_rows, "auto", 0, budget)
+    assert not p.fits  # the row sweep's plan does not fit this budget
+    p, said = plan(w_sums, "auto", 0, budget)
+    assert p.fits and p.feature_cache == "read" and p.sums_bytes > least and p.must_fit <= budget.bytes
+    assert budget.bytes - p.must_fit < 0.11 * (budget.bytes - lean_sums.must_fit)  # STAGE_SHARE of the room
+    assert cohort_batches(w_sums, p) == p.sums_bytes // least
+    assert "first-layer sums of a cohort of batches" in p.line() and p.as_dict()["sums_bytes"] == p.sums_bytes
 
 
 def test_sage_step_counts_the_source_projection():

@@ -5,6 +5,7 @@ the reader's own plan of the batches in flight at the disk's rates, shared by th
 from __future__ import annotations
 
 import dgl
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +81,34 @@ def test_only_plans_that_read_ahead_are_predicted(tiny):
     sampler = NeighborBlockSampler([3, 3])
     assert predict_read_ahead(tiny, sampler, {"feature_cache": "memory"}, 16, 0.01) is None
     assert predict_read_ahead(tiny, sampler, {"feature_cache": "mmap", "stage_rows": 0}, 16, 0.01) is None
+
+
+def test_first_layer_sums_are_priced_per_cohort(tiny):
+    """Batches summed as the file is read: a pass reads the whole file and serves a cohort, as many batches
+    as two cohorts fit sums_bytes; its adds are priced per first-layer edge."""
+    from gnnscale.training import sum_sweep
+
+    sampler, bs = NeighborBlockSampler([3, 3]), 16
+    dgl.seed(0)
+    ids = tiny.splits["train"]
+    order = torch.from_numpy(np.random.default_rng(0).permutation(len(ids)))
+    inp, _, blocks = sampler.sample_blocks(tiny.g, ids[order[:bs]])
+    per = sum_sweep.shape_bytes(
+        blocks[0].num_dst_nodes(), [b.num_edges() for b in blocks], [b.num_dst_nodes() for b in blocks],
+        len(inp), tiny.features.stored_dim,
+    )  # fmt: skip
+    plans = {}
+    for cohort in (1, 5):
+        dgl.seed(0)  # the same neighbours drawn again
+        plan = {"feature_cache": "read", "sums_bytes": cohort * 2 * per + per}
+        plans[cohort] = predict_read_ahead(tiny, sampler, plan, bs, step_s=0.01)
+        assert plans[cohort]["batches_in_flight"] == cohort
+    p = plans[5]
+    with FeatureReader(tiny.graph) as reader:
+        assert p["pass_bytes"] == reader.num_nodes * reader.row_bytes  # the whole file, every pass
+    adds = blocks[0].num_edges() * read_ahead.ADD_S_PER_EDGE
+    assert p["adds_s_per_batch"] == pytest.approx(adds, abs=1e-4)
+    read = read_seconds({"bytes": p["pass_bytes"], "requests": p["pass_requests"]}, DISK)[0]
+    want = max((read + 5 * adds) / 5, 0.01 + adds / torch.get_num_threads())
+    assert p["batch_s"] == pytest.approx(want, abs=1e-4)
+    assert plans[1]["batch_s"] > p["batch_s"]  # one batch a pass: the whole read is its own

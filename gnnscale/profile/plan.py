@@ -33,10 +33,11 @@ from gnnscale.profile.recommend import recommend
 from gnnscale.profile.speed import predict_speed
 from gnnscale.profile.stats import GraphStats, described_stats, graph_stats
 from gnnscale.sampling import has_fanouts
-from gnnscale.training.build import build_samplers, resolve_prefetch
+from gnnscale.training.build import build_samplers, resolve_prefetch, sums_first_layer
 from gnnscale.training.data import load_train_data
 from gnnscale.training.memory_plan import TRAINER_OVERHEAD, BatchShape, Sizes, Workload, probe_batches
 from gnnscale.training.options import apply_few_labels, check_train_cfg, pick_device
+from gnnscale.training.task_setup import task_name
 from gnnscale.utils.memlimit import Budget
 
 DESCRIBED_FANOUT = 10  # a described graph with a formation without fanouts is planned as this per layer
@@ -80,6 +81,8 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
         dims=tuple(model.dims),
         num_params=sum(p.numel() for p in model.parameters()),
         input_dropout=float(cfg.train.input_dropout) > 0,
+        norm=(cfg.model.get("norm") or "none") != "none",
+        first_sums=sums_first_layer(cfg, stats.feat_dim, stats.num_classes, task_name(cfg) == "node"),
     )
     w = Workload.now(sizes, train_shape, eval_shape)  # this process: interpreter, torch, DGL, the labels
     batches = BatchModel(

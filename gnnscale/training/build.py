@@ -28,7 +28,7 @@ from gnnscale.training.phases import epoch_steps, resolve_phases, uses_phases
 from gnnscale.training.schedule import build_optimizer, build_scheduler
 from gnnscale.training.seeding import reseed
 from gnnscale.training.sum_sweep import SumSweep
-from gnnscale.training.sweep import SLOT_INDEX_BYTES, Sweeper, node_map_bytes
+from gnnscale.training.sweep import Sweeper
 from gnnscale.training.sync import SINGLE, Sync
 from gnnscale.training.trainer import Callback, Trainer, TrainerSettings
 from gnnscale.utils.memlimit import Budget
@@ -68,13 +68,14 @@ def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = No
     for phase in phases:
         if phase.fanouts not in by_fanouts:
             by_fanouts[phase.fanouts] = build_sampler(cfg.sampler, layers, phase.fanouts)
-    if sums_first_layer(cfg, data):  # the same order in RAM as out of core, where the sums are built
-        for sampler in by_fanouts.values():
-            sampler.by_source = True
     samplers = {
         "train": [by_fanouts[phase.fanouts] for phase in phases],
         "eval": build_eval_sampler(cfg.sampler, layers, cfg.train.eval_fanouts),
     }
+    if sums_first_layer(cfg, data.feat_dim, data.num_classes, data.edges is None):
+        # the same order in RAM as out of core, where the sums are built
+        for sampler in [*by_fanouts.values(), samplers["eval"]]:
+            sampler.by_source = True
     ctx = SamplingContext(
         data.graph, data.g, data.splits["train"], data.labels, cache_dir, seed=int(cfg.seed)
     )
@@ -127,6 +128,8 @@ def preflight(
         dims=tuple(model.dims),
         num_params=sum(p.numel() for p in model.parameters()),
         input_dropout=float(t.input_dropout) > 0,
+        norm=(cfg.model.get("norm") or "none") != "none",
+        first_sums=sums_first_layer(cfg, data.feat_dim, data.num_classes, data.edges is None),
     )
     asked = _eval_batch_size(t)
     measured = Workload.now(sizes, train_shape, eval_shape(asked))  # the process read once, for every plan
@@ -147,32 +150,28 @@ def preflight(
     return p, decisions
 
 
-def sums_first_layer(cfg: DictConfig, data: TrainData) -> bool:
-    """Can the training batches' first layer be summed as the features are read (training/sum_sweep.py)?
+def sums_first_layer(cfg: DictConfig, feat_dim: int, num_classes: int, node_task: bool) -> bool:
+    """Can the batches' first layer be summed as the features are read (training/sum_sweep.py)?
     A SAGE mean / gcn layer with in <= out (models/sums.py) on the neighbour sampler's blocks, fp32, no
-    input dropout, no degree column (the file's rows are the layer's input), a node task. The sampler
-    then lists the input layer's edges in source order in every run, capped or not, so both sum alike."""
+    input dropout, no degree column (the file's rows are the layer's input), a node task. The samplers
+    then list the input layer's edges in source order in every run, capped or not, so both sum alike."""
     m = cfg.model
-    out = int(m.hidden) if int(m.num_layers) > 1 else int(data.num_classes)
+    out = int(m.hidden) if int(m.num_layers) > 1 else int(num_classes)
     return (
         m.arch == "sage"
         and m.aggregator in ("mean", "gcn")
-        and data.feat_dim <= out
+        and feat_dim <= out
         and cfg.sampler.kind == "neighbor"
         and str(cfg.precision.dtype) == "fp32"
         and float(cfg.train.input_dropout) == 0
         and not bool(m.get("degree_feature", False))
-        and data.edges is None
+        and node_task
     )
 
 
-def build_sum_sweep(data: TrainData) -> SumSweep:
-    """The first-layer sums' passes, in the memory the plan gave the row sweep's pool and node map."""
-    rows, _, spare = data.stage
-    budget = (rows + spare) * (data.reader.row_bytes + SLOT_INDEX_BYTES) + node_map_bytes(
-        data.graph.num_nodes
-    )
-    return SumSweep(data.features, data.reader, budget)
+def build_sum_sweep(data: TrainData, what: str) -> SumSweep:
+    """The first-layer sums' passes, in the memory the plan gave them (its sums_bytes)."""
+    return SumSweep(data.features, data.reader, data.sums_bytes, what=what)
 
 
 def build_sweeper(data: TrainData, lookahead: bool = True) -> Sweeper | None:
@@ -210,9 +209,12 @@ def build_streams(
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
     eval_bs = eval_batch_size or _eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
-    sweeper = build_sweeper(data)
-    # training batches' first layer summed as the file is read; evaluation batches keep the row sweep
-    summed = build_sum_sweep(data) if sweeper is not None and sums_first_layer(cfg, data) else None
+    # features read from disk: every batch's first layer summed as the file is read where the model allows
+    # (data.sums_bytes, set from the plan), else the row sweep
+    summed = data.feature_cache == "read" and data.sums_bytes > 0
+    sweeper = None if summed else build_sweeper(data)
+    names = {"train": "training batches", "val": "validation batches", "test": "test batches"}
+    sweeps = {split: build_sum_sweep(data, what) for split, what in names.items()} if summed else {}
     cut = loss_blocks_layers(cfg)
 
     def stream(split: str, train: bool, sampler=None, batch_size: int = 0) -> BatchStream:
@@ -235,7 +237,7 @@ def build_streams(
             prefetch=prefetch,
             device=device,
             buffers=buffers,
-            sweeper=summed if train and summed is not None else sweeper,
+            sweeper=sweeps.get(split, sweeper),
         )
 
     phases = resolve_phases(cfg)

@@ -35,6 +35,7 @@ class TrainData:
     # feature_cache=read: (rows the batches in flight may hold, the most batches in flight, rows more the
     # oldest batch may take)
     stage: tuple = (0, 0, 0)
+    sums_bytes: int = 0  # feature_cache=read, first-layer sums: what their cohorts may hold (the plan's)
 
     @property
     def name(self) -> str:
@@ -56,12 +57,14 @@ class TrainData:
             indptr, indices = load_csc(self.graph, resident=True)
             self.g = csc_to_dgl(indptr, indices, self.graph.num_nodes)
 
-    def read_features_ahead(self, rows: int, batches: int, spare: int = 0) -> None:
-        """Features read from the shards by a sweep ahead of the model (training/sweep.py), not page-faulted."""
+    def read_features_ahead(self, rows: int, batches: int, spare: int = 0, sums_bytes: int = 0) -> None:
+        """Features read from the shards by a sweep ahead of the model (training/sweep.py), or with
+        sums_bytes by passes adding the batches' first-layer sums (training/sum_sweep.py), not page-faulted."""
         from gnnscale.storage.feature_reader import FeatureReader
 
         self.reader = FeatureReader(self.graph)
         self.stage = (int(rows), int(batches), int(spare))
+        self.sums_bytes = int(sums_bytes)
         self.feature_cache = "read"
 
     def read_at_random(self) -> None:

@@ -15,16 +15,24 @@ chunk in order, performs the same float additions in the same order: the sums ar
 the layer's output (sage_from_sums) to the in-memory run's (tests/test_first_sums.py). The cohort takes the
 chunks from the first to the last: a batch that joined mid-pass would add its edges in another order.
 
-Adds: a chunk's edges for the whole cohort are one index_add_ (torch adds the listed rows one after
-another, so each destination's edges go in in their order). On one thread it took half the time of adding
-the k-th edge of every destination at once, round after round, and equals it bit for bit (30k edges into
-200k sums: 5.6 against 10.9 ms).
+Adds: a chunk's edges for the whole cohort are index_add_ calls over consecutive pieces of at most
+SCRATCH_BYTES of gathered rows (torch adds the listed rows one after another, so each destination's edges go
+in in their order, piece after piece). On one thread that took half the time of adding the k-th edge of
+every destination at once, round after round, and equals it bit for bit (30k edges into 200k sums: 5.6
+against 10.9 ms). The pieces bound the scratch: one chunk's gathered rows for a whole cohort would cost
+each batch a share as large as a third of its sums.
 """
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import torch
+
+# The gathered rows one index_add_ adds (the scratch a pass reuses): large enough that a call's own cost
+# is small beside its rows' (4k rows of 256 float32 features).
+SCRATCH_BYTES = 4 << 20
 
 
 class CohortSums:
@@ -32,9 +40,13 @@ class CohortSums:
     `starts`, node ids, ascending), then batch(i) -> (sums, own rows, in-degrees) of batch i's blocks[0].
 
     blocks[0] of each batch must list each destination's edges in ascending source id (ValueError if not).
+    scratch: a float tensor of at least SCRATCH_BYTES to gather rows into (scratch_for; cohorts of one pass
+    after another share it), else one of its own.
     """
 
-    def __init__(self, batches, starts: np.ndarray, dim: int, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, batches, starts: np.ndarray, dim: int, dtype: torch.dtype = torch.float32, scratch=None
+    ):
         self.starts = np.asarray(starts, dtype=np.int64)
         k = len(self.starts) - 1
         rows, srcs, own, degs, self.offsets = [], [], [], [], [0]
@@ -71,15 +83,15 @@ class CohortSums:
         self.own_bounds = np.searchsorted(self.own_ids, self.starts)
         self.degs = degs
         n = self.offsets[-1]
-        self.sums = torch.zeros((n, dim), dtype=dtype)
-        self.own = torch.empty((n, dim), dtype=dtype)
-        self._scratch = torch.empty((int(np.diff(self.bounds).max(initial=0)), dim), dtype=dtype)
+        self.sums, self.own = mapped_zeros(n, dim, dtype), mapped_zeros(n, dim, dtype)
+        self._scratch = scratch_for(dim, dtype) if scratch is None else scratch
+        self._piece = max(1, self._scratch.numel() // max(dim, 1))
 
     @property
     def nbytes(self) -> int:
-        """What the cohort holds: sums and own rows, the edge lists, the scratch."""
+        """What the cohort holds: sums and own rows, the edge lists (not the scratch it may share)."""
         arrays = (self.row, self.src, self.own_order, self.own_ids)
-        tensors = (self.sums, self.own, self._scratch)
+        tensors = (self.sums, self.own)
         return sum(a.nbytes for a in arrays) + sum(t.numel() * t.element_size() for t in tensors)
 
     def add(self, c: int, rows: torch.Tensor) -> None:
@@ -87,9 +99,12 @@ class CohortSums:
         lo = int(self.starts[c])
         rows = rows.to(self.sums.dtype)  # fp16 / bf16-stored rows: the model reads them as float32
         a, b = int(self.bounds[c]), int(self.bounds[c + 1])
-        if b > a:
-            picked = torch.index_select(rows, 0, torch.from_numpy(self.src[a:b]), out=self._scratch[: b - a])
-            self.sums.index_add_(0, torch.from_numpy(self.row[a:b]), picked)
+        dim = self.sums.shape[1]
+        for lo_e in range(a, b, self._piece):
+            hi_e = min(b, lo_e + self._piece)
+            out = self._scratch.view(-1)[: (hi_e - lo_e) * dim].view(hi_e - lo_e, dim)
+            picked = torch.index_select(rows, 0, torch.from_numpy(self.src[lo_e:hi_e]), out=out)
+            self.sums.index_add_(0, torch.from_numpy(self.row[lo_e:hi_e]), picked)
         o0, o1 = int(self.own_bounds[c]), int(self.own_bounds[c + 1])
         if o1 > o0:
             self.own[torch.from_numpy(self.own_order[o0:o1])] = rows[
@@ -100,3 +115,23 @@ class CohortSums:
         """(sums, own rows, in-degrees) of batch i's first-layer destinations, once every chunk was added."""
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.sums[lo:hi], self.own[lo:hi], self.degs[i]
+
+
+def scratch_for(dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A scratch for CohortSums' gathers: SCRATCH_BYTES, at least one row."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return torch.empty(max(dim, SCRATCH_BYTES // itemsize), dtype=dtype)
+
+
+def mapped_zeros(rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [rows, dim] zero tensor in its own anonymous mapping: the kernel takes its pages back when the cohort
+    goes. From the heap (cohorts below glibc's 32 MB mmap threshold, training/alloc.py) each cohort left
+    holes the next one's sizes did not fill: on the 1M-node bench graph (cohorts of two batches) peak
+    RssAnon read 792 MB against 764 MB planned, 751 MB with the cohorts in their own mappings."""
+    count = rows * dim
+    if count == 0:
+        return torch.zeros((rows, dim), dtype=dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, count * itemsize, flags=mmap.MAP_PRIVATE), dtype=dtype).view(
+        rows, dim
+    )

@@ -147,7 +147,10 @@ def evaluate(model, stream, task, precision, sync: Sync = SINGLE) -> dict:
     release_free_heap()  # what training left free in the heap, before the larger evaluation batches
     for b in stream:
         with precision.autocast():
-            out = model(b.layers(model.num_layers), b.x)
+            if b.first is None:
+                out = model(b.layers(model.num_layers), b.x)
+            else:  # the first layer's sums, summed as the features were read (training/sum_sweep.py)
+                out = model(b.layers(model.num_layers), None, first=b.first)
         collected.append(task.collect(out, b))
         del b, out  # let go before the next batch is sampled (training/batches.py, Memory)
         release_free_heap()  # alloc.py: an evaluation batch's free chunks would otherwise stay in the heap

@@ -17,7 +17,10 @@ need it, with its slot's index entries) and its node -> slot map, the sweep's tw
 reader's own where it reads sparse rows) and the blocks of the batches sampled ahead; the rows get what
 the budget leaves (STAGE_SHARE of it), which sets how many batches share a pass over the disk. The
 graph structure is held in RAM when it fits beside the rest (the sampler then never faults), else
-memory-mapped.
+memory-mapped. Where the model's first layer sums before it projects (Sizes.first_sums, training/sum_sweep.py)
+no input rows are held at all: the sweep's pool, node map and gather buffers give way to the pass's buffers
+and two cohorts of first-layer sums, which get what the budget leaves (STAGE_SHARE of it); the cohort size
+sets how many batches share a pass.
 
 A hot-feature cache (train.cache_gb, memory-mapped or read features) is anonymous memory: its rows and a
 4-byte node -> slot map. It gets what the budget has left once features and prefetch are settled, up
@@ -36,6 +39,8 @@ import numpy as np
 import torch
 
 from gnnscale.storage.feature_store import FeatureStore
+from gnnscale.training.sum_sweep import CHUNK_BYTES as SUMS_CHUNK_BYTES
+from gnnscale.training.sum_sweep import PASS_BYTES, shape_bytes
 from gnnscale.training.sweep import CHUNK_BYTES as SWEEP_CHUNK_BYTES
 from gnnscale.training.sweep import SLOT_INDEX_BYTES, node_map_bytes, reads_dense
 from gnnscale.utils.memlimit import Budget, gb
@@ -122,6 +127,10 @@ class Sizes:
     dims: tuple[int, ...]  # in_dim, hidden..., num_classes
     num_params: int
     input_dropout: bool
+    # read from disk, the training and evaluation batches' first layer is summed as the file is read
+    # (training/sum_sweep.py; training.build.sums_first_layer decides)
+    first_sums: bool = False
+    norm: bool = False  # a norm layer (batch / layer) after each hidden layer
 
     @property
     def feature_bytes(self) -> int:
@@ -172,6 +181,7 @@ class MemoryPlan:
     # of stage_rows, what the oldest batch may take past the sweep's cap (it always completes): one batch's
     # rows. Measured without it, peak heap passed the plan by a third to a half of a batch's rows.
     stage_reserve: int = 0
+    sums_bytes: int = 0  # first-layer sums (Sizes.first_sums): what two cohorts of batches may hold
 
     @property
     def sweep_cap(self) -> int:
@@ -203,6 +213,11 @@ class MemoryPlan:
         )
 
     def features_said(self) -> str:
+        if self.feature_cache == "read" and self.sums_bytes:
+            return (
+                "read from disk in passes over the file, each chunk added into the first-layer sums of a "
+                f"cohort of batches ({gb(self.sums_bytes)} for two cohorts)"
+            )
         if self.feature_cache == "read":
             return (
                 f"read from disk by a sweep over the file (up to {self.stage_batches} "
@@ -226,6 +241,7 @@ class MemoryPlan:
                 if self.stage_rows
                 else {}
             ),
+            **({"sums_bytes": self.sums_bytes} if self.sums_bytes else {}),
             **({"eval_batch_size": self.eval_batch_size} if self.eval_batch_size else {}),
             "mapped_files_fit": self.mapped_files_fit,
             "must_fit_mb": round(self.must_fit / 2**20, 1),
@@ -242,8 +258,11 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
     acts = 0
     for i, dst in enumerate(shape.dst_rows):
         d_in, d_out = s.dims[i], s.dims[i + 1]
-        # Aggregated neighbours (d_in), self and neighbour projections, the output (+ dropout mask).
-        acts += dst * (d_in + 3 * d_out) * BYTES
+        # Aggregated neighbours (d_in), self and neighbour projections, the output (+ dropout mask); a
+        # hidden layer's norm adds its output and the activation's. Measured with batch norm (sage_2hop,
+        # 256 -> 256, 9.6k first-layer rows): a training step's peak 116-144 MB, 121 MB counted this way.
+        hidden_norm = s.norm and i + 1 < len(shape.dst_rows)
+        acts += dst * (d_in + (5 if hidden_norm else 3) * d_out) * BYTES
         if d_in > d_out:  # dgl.nn's SAGEConv (mean, gcn) and GraphConv project every source row first
             acts += (shape.input_rows if i == 0 else shape.dst_rows[i - 1]) * d_out * BYTES
     if not train:
@@ -255,6 +274,7 @@ def _step_bytes(s: Sizes, shape: BatchShape, train: bool) -> int:
 CACHE_PART = "hot-feature cache"
 PAGES_PART = "feature pages one batch reads (mmap)"
 STAGE_PART = "rows read ahead"
+SUMS_PART = "first-layer sums (two cohorts)"
 SLACK_PART = "allocator slack"
 STRUCTURE_RAM, STRUCTURE_MMAP = "graph structure (in RAM)", "graph structure (mmap)"
 
@@ -276,9 +296,11 @@ def estimate(
     structure: str = "mmap",
     stage_rows: int = 0,
     stage_batches: int = 1,
+    sums_bytes: int = 0,
 ) -> MemoryPlan:
     """feature_cache=read: stage_rows held by the batches in flight (0 = the largest batch's rows), up to
-    stage_batches of them. structure: memory (the CSC read into RAM) | mmap."""
+    stage_batches of them; with Sizes.first_sums instead sums_bytes for the cohorts' sums (at least a
+    cohort of one batch each, the largest). structure: memory (the CSC read into RAM) | mmap."""
     s = w.sizes
     cache_rows = cache_rows if feature_cache in ("mmap", "read") else 0
     rows = max(w.train.input_rows, w.evals.input_rows)
@@ -286,7 +308,13 @@ def estimate(
     cast = s.feat_itemsize != BYTES  # fp16/bf16 features are cast to float32 after the gather
     mapped_features = s.feature_bytes if feature_cache == "mmap" else 0
     stage = {}
-    if feature_cache == "read":
+    sums = feature_cache == "read" and s.first_sums
+    if sums:  # no input rows gathered: the first layer's sums come from the pass (training/sum_sweep.py)
+        prefetch, slots, rows = 0, 0, 0
+        sums_bytes = max(int(sums_bytes), 2 * max(sums_batch_bytes(s, w.train), sums_batch_bytes(s, w.evals)))
+        stage = {SUMS_PART: sums_bytes, "read buffers": PASS_BYTES}
+        stage_rows, stage_batches = 0, 0
+    elif feature_cache == "read":
         prefetch, slots = 0, 1  # the sweep reads ahead itself; gathers from what it read run inline
         stage_rows = max(int(stage_rows), rows)
         stage = {
@@ -296,12 +324,17 @@ def estimate(
             "sweep node -> slot map": node_map_bytes(s.num_nodes),
         }
     else:
-        stage_rows, stage_batches = 0, 0
+        stage_rows, stage_batches, sums_bytes = 0, 0, 0
     parts = {
         "process now": w.anon_now,
         "features in RAM": s.feature_bytes if feature_cache == "memory" else 0,
         "gather buffers": int(slots * rows * 1.25 * s.feat_dim * s.feat_itemsize)
-        + (rows * s.feat_dim * BYTES if cast else 0),
+        # fp16/bf16 rows cast: the whole gathered batch, or with the sums a chunk at a time
+        + (
+            (SUMS_CHUNK_BYTES // s.feat_itemsize * BYTES if sums else rows * s.feat_dim * BYTES)
+            if cast
+            else 0
+        ),
         "batch working set": max(_step_bytes(s, w.train, True), _step_bytes(s, w.evals, False)),
         "optimizer": s.num_params * BYTES * 4,  # weights, gradients, Adam's two moments
         "trainer overhead (measured constant)": TRAINER_OVERHEAD,
@@ -324,8 +357,18 @@ def estimate(
     return MemoryPlan(
         feature_cache, prefetch, parts, must_fit, rss, budget, cache_rows, s.feature_bytes,
         structure=structure, stage_rows=stage_rows, stage_batches=stage_batches,
-        stage_reserve=rows if stage_rows else 0,
+        stage_reserve=rows if stage_rows else 0, sums_bytes=sums_bytes if sums else 0,
     )  # fmt: skip
+
+
+def sums_batch_bytes(s: Sizes, shape: BatchShape) -> int:
+    """What one batch of this shape costs a cohort of the first-layer sums (sum_sweep.shape_bytes)."""
+    return shape_bytes(shape.dst_rows[0], shape.edges, shape.dst_rows, shape.input_rows, s.feat_dim)
+
+
+def cohort_batches(w: Workload, p: MemoryPlan) -> int:
+    """Training batches a pass of the first-layer sums serves under plan p (SumSweep.cohort_size)."""
+    return max(1, p.sums_bytes // max(2 * sums_batch_bytes(w.sizes, w.train), 1))
 
 
 def _pages_touched(s: Sizes, rows: int) -> float:
@@ -369,7 +412,7 @@ def plan(
                 if cache_rows > 0:
                     p = _with_cache(w, p, cache_rows, decisions)
                 if cache == "read":
-                    p = _with_staging(w, p)
+                    p = _with_sums(w, p) if w.sizes.first_sums else _with_staging(w, p)
                 return p, decisions
     return estimate(w, caches[-1], 0, budget, structure=structures[-1]), decisions
 
@@ -399,6 +442,14 @@ def _with_staging(w: Workload, p: MemoryPlan) -> MemoryPlan:
         w, p.feature_cache, p.prefetch, p.budget,
         cache_rows=p.cache_rows, structure=p.structure, stage_rows=rows, stage_batches=batches,
     )  # fmt: skip
+
+
+def _with_sums(w: Workload, p: MemoryPlan) -> MemoryPlan:
+    """The plan with the first-layer sums' cohorts grown into STAGE_SHARE of what the budget leaves."""
+    room = max(0, int((p.budget.bytes - p.must_fit) * STAGE_SHARE))
+    return estimate(
+        w, p.feature_cache, p.prefetch, p.budget, structure=p.structure, sums_bytes=p.sums_bytes + room
+    )
 
 
 def plan_eval_batches(
@@ -453,7 +504,11 @@ def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -
         return what, "it does not fit even at batch size 16: use a machine with more memory" + _OR
     train_bs, eval_bs, smaller, p = found
     slow = ""
-    if _with_staging(smaller, p).sweep_cap < smaller.train.input_rows:
+    if (
+        cohort_batches(smaller, _with_sums(smaller, p)) < 2
+        if smaller.sizes.first_sums
+        else _with_staging(smaller, p).sweep_cap < smaller.train.input_rows
+    ):
         # no room for a second batch's rows: each batch would read about the whole feature file alone
         # (1M-node bench graph in 0.9 GB at the batch size named: 0.066x its uncapped speed)
         slow = (
@@ -496,6 +551,12 @@ def _with_cache(w: Workload, p: MemoryPlan, rows: int, decisions: list[str]) -> 
     """The plan with the largest hot-feature cache up to `rows` that still fits, the choice said."""
     s = w.sizes
     asked = gb(FeatureStore.cache_cost(s.num_nodes, s.row_bytes, rows))
+    if p.feature_cache == "read" and s.first_sums:
+        decisions.append(
+            f"hot-feature cache off (train.cache_gb, {asked}): the first-layer sums are added as the whole "
+            "feature file is read, cached rows would not be read less"
+        )
+        return p
     if p.feature_cache == "memory":
         decisions.append(
             f"hot-feature cache off (train.cache_gb, {asked}): the features are held in RAM, every gather is "

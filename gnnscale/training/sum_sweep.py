@@ -1,6 +1,6 @@
-"""Training batches whose first layer is summed by passes over the feature file (feature_cache=read, a first
-layer that sums before it projects: SAGE mean / gcn with in <= out, the neighbour sampler, fp32, no input
-dropout).
+"""Batches whose first layer is summed by passes over the feature file (feature_cache=read, a first layer that
+sums before it projects: SAGE mean / gcn with in <= out, the neighbour sampler, fp32, no input dropout):
+the training batches and the evaluation ones (a SumSweep each; they never run at once).
 
 The row sweep (training/sweep.py) holds every input row of a batch until the batch computes: 148k rows,
 76 MB a batch on the 5M-node bench, so a pass over the file serves as many batches as the memory left
@@ -13,8 +13,8 @@ first-layer edges planned, then one pass over the file, first chunk to last (the
 added in to equal DGL's), adds every chunk into the cohort's sums, in a thread, the next chunk read while
 one is added. While a cohort's pass runs, the cohort before it computes, and the one after it is sampled.
 So two cohorts' sums are held, and one cohort's sampled blocks beside them: the cohort size is the most
-batches for which that fits the plan's share for rows read ahead (the pool and node map the row sweep
-would have had). Bit-equal to training with the features in RAM: same batches, same sums, same weights.
+batches for which that fits what the memory plan gave the cohorts (training/memory_plan.py, sums_bytes).
+Bit-equal to training with the features in RAM: same batches, same sums, same weights.
 """
 
 from __future__ import annotations
@@ -28,34 +28,51 @@ import numpy as np
 
 from gnnscale.sampling.batch import Batch, next_sampled
 from gnnscale.storage.feature_reader import settle
-from gnnscale.training.first_sums import CohortSums
+from gnnscale.training.first_sums import SCRATCH_BYTES, CohortSums, scratch_for
 from gnnscale.training.threads import single_threaded
 from gnnscale.utils.ui import info
 
-# Rows read per step of a pass: long reads for the disk, and a small buffer (two of them).
-CHUNK_BYTES = 32 << 20
+# Rows read per step of a pass: long reads for the disk (the reader splits them into requests in flight),
+# and a small buffer (two of them): what the memory plan gives a 1M-node graph in 0.9 GB is a few cohorts'
+# batches, and every MB of buffer is taken from them.
+CHUNK_BYTES = 8 << 20
 # At most this many batches a cohort: past that a pass costs less than the cohort's compute anyway.
 MOST_BATCHES = 256
 # A cohort's edge lists per edge: destination and source (int32 each).
 EDGE_BYTES = 4 * 2
 
 
-def batch_bytes(b: Batch, dim: int, chunks: int) -> int:
-    """What one batch costs a cohort: its first layer's sums and own rows (float32), its edge lists, its
-    share of the add scratch (a chunk's edges' rows; twice the even share: chunks differ), and its sampled
-    blocks while the cohort waits for its pass (int64 ids: CSC, edge ids; input ids)."""
-    first = b.blocks[0]
-    dst, edges = first.num_dst_nodes(), first.num_edges()
-    blocks = sum(blk.num_edges() * 8 * 2 + blk.num_dst_nodes() * 8 for blk in b.blocks)
-    scratch = 2 * edges * dim * 4 // max(chunks, 1)
-    return 2 * dst * dim * 4 + edges * EDGE_BYTES + scratch + blocks + len(b.input_nodes) * 8
+def batch_bytes(b: Batch, dim: int) -> int:
+    """What one batch costs a cohort (shape_bytes of its sampled blocks)."""
+    return shape_bytes(
+        b.blocks[0].num_dst_nodes(),
+        [blk.num_edges() for blk in b.blocks],
+        [blk.num_dst_nodes() for blk in b.blocks],
+        len(b.input_nodes),
+        dim,
+    )
+
+
+def shape_bytes(first_dst: int, edges, dsts, input_rows: int, dim: int) -> int:
+    """What one batch costs a cohort, from its sizes (edges and dsts per block, input layer first): its first
+    layer's sums and own rows (float32), its edge lists, and its other sampled blocks while the cohort waits
+    for its pass and computes (int64 ids: CSC, edge ids; input ids). Its first block goes once the cohort's
+    edge lists are made (SumSweep._plan), before the cohort after it is sampled. The memory plan prices
+    cohorts with it before any batch is summed; the pass's buffers and scratch are PASS_BYTES, once."""
+    blocks = sum(int(e) * 8 * 2 + int(d) * 8 for e, d in zip(edges[1:], dsts[1:], strict=True))
+    return 2 * int(first_dst) * dim * 4 + int(edges[0]) * EDGE_BYTES + blocks + int(input_rows) * 8
+
+
+# What a pass holds whatever its cohort: two chunk buffers (one read while the other is added) and the
+# gather scratch.
+PASS_BYTES = 2 * CHUNK_BYTES + SCRATCH_BYTES
 
 
 class SumSweep:
     """The passes and their cohorts (see the module doc). budget: bytes the cohorts may hold."""
 
-    def __init__(self, features, reader, budget: int):
-        self.features, self.reader = features, reader
+    def __init__(self, features, reader, budget: int, *, what: str = "training batches"):
+        self.features, self.reader, self.what = features, reader, what
         self.budget = max(0, int(budget))
         self.starts = reader.spans(max(1, CHUNK_BYTES // max(reader.row_bytes, 1)))
         self.dim = int(features.stored_dim)
@@ -63,10 +80,11 @@ class SumSweep:
         self.passes = self.batches = self.cohort = 0
         self.read_s = self.cpu_s = self.wait_s = 0.0
         self.rows_read = 0
+        self._scratch = scratch_for(self.dim)  # the passes run one at a time: one scratch for all
 
     def cohort_size(self, b: Batch) -> int:
         """As many batches as two cohorts of them fit the budget, each batch at batch_bytes (at least one)."""
-        per = 2 * batch_bytes(b, self.dim, len(self.starts) - 1)
+        per = 2 * batch_bytes(b, self.dim)
         return int(max(1, min(MOST_BATCHES, self.budget // max(per, 1))))
 
     def _pass(self, cohort: CohortSums, bufs) -> None:
@@ -103,7 +121,9 @@ class SumSweep:
         return out
 
     def _plan(self, batches: list[Batch]) -> CohortSums:
-        cohort = CohortSums([(b.input_nodes, b.blocks[0]) for b in batches], self.starts, self.dim)
+        cohort = CohortSums(
+            [(b.input_nodes, b.blocks[0]) for b in batches], self.starts, self.dim, scratch=self._scratch
+        )
         for b in batches:  # the model reads the sums instead: its largest block goes now
             b.blocks = [None, *b.blocks[1:]]
         return cohort
@@ -122,9 +142,9 @@ class SumSweep:
                 return
             k = self.cohort_size(cur[0])
             if k != self.cohort:  # said once a run (the first epoch), again only if it changes
-                mb = batch_bytes(cur[0], self.dim, len(self.starts) - 1) / 1e6
+                mb = batch_bytes(cur[0], self.dim) / 1e6
                 info(
-                    f"training batches: first layer summed as the feature file is read, {k} batch"
+                    f"{self.what}: first layer summed as the feature file is read, {k} batch"
                     f"{'' if k == 1 else 'es'} a pass ({mb:,.0f} MB each, two passes' worth held in "
                     f"{self.budget / 1e9:.2f} GB)"
                 )
