@@ -40,6 +40,10 @@ CHUNK_BYTES = 8 << 20
 MOST_BATCHES = 256
 # A cohort's edge lists per edge: destination and source (int32 each).
 EDGE_BYTES = 4 * 2
+# A sampled first block per edge, as the heap holds it: 37 batches of the 5M-node bench graph (165k
+# first-layer edges and 148k input ids each) took 162 MB to sample, 20 bytes an edge beside the ids; peak
+# RssAnon passed the plan by about that much while it was not counted.
+SAMPLED_EDGE_BYTES = 24
 
 
 def batch_bytes(b: Batch, dim: int) -> int:
@@ -54,13 +58,18 @@ def batch_bytes(b: Batch, dim: int) -> int:
 
 
 def shape_bytes(first_dst: int, edges, dsts, input_rows: int, dim: int) -> int:
-    """What one batch costs a cohort, from its sizes (edges and dsts per block, input layer first): its first
-    layer's sums and own rows (float32), its edge lists, and its other sampled blocks while the cohort waits
-    for its pass and computes (int64 ids: CSC, edge ids; input ids). Its first block goes once the cohort's
-    edge lists are made (SumSweep._plan), before the cohort after it is sampled. The memory plan prices
-    cohorts with it before any batch is summed; the pass's buffers and scratch are PASS_BYTES, once."""
+    """What one batch costs, as one of the two cohorts held, from its sizes (edges and dsts per block, input
+    layer first): its first layer's sums and own rows (float32), its edge lists, its other sampled blocks
+    and input ids while the cohort waits for its pass and computes (int64 ids: CSC, edge ids), and half its
+    first block: that block goes once the cohort's edge lists are made (SumSweep._plan), but the heap
+    keeps its memory for the next cohort's sampling (training/alloc.py), so one cohort's worth stays.
+    The memory plan prices cohorts with it before any batch is summed; the pass's buffers and scratch are
+    PASS_BYTES, once."""
     blocks = sum(int(e) * 8 * 2 + int(d) * 8 for e, d in zip(edges[1:], dsts[1:], strict=True))
-    return 2 * int(first_dst) * dim * 4 + int(edges[0]) * EDGE_BYTES + blocks + int(input_rows) * 8
+    first_block = int(edges[0]) * SAMPLED_EDGE_BYTES // 2
+    return (
+        2 * int(first_dst) * dim * 4 + int(edges[0]) * EDGE_BYTES + blocks + first_block + int(input_rows) * 8
+    )
 
 
 # What a pass holds whatever its cohort: two chunk buffers (one read while the other is added) and the
