@@ -168,9 +168,7 @@ def _plan_memory(cfg: DictConfig, data, device, samplers: dict, fresh: Path | No
     if memory.feature_cache == "memory":
         data.hold_features_in_memory()
     elif memory.feature_cache == "read":
-        data.read_features_ahead(
-            memory.sweep_cap, memory.stage_batches, memory.stage_reserve, sums_bytes=memory.sums_bytes
-        )
+        data.read_features_ahead(memory)
     if not memory.mapped_files_fit:
         data.read_at_random()
         info("memory-mapped files larger than the page cache the budget leaves: faults read only their page")

@@ -57,14 +57,15 @@ class TrainData:
             indptr, indices = load_csc(self.graph, resident=True)
             self.g = csc_to_dgl(indptr, indices, self.graph.num_nodes)
 
-    def read_features_ahead(self, rows: int, batches: int, spare: int = 0, sums_bytes: int = 0) -> None:
-        """Features read from the shards by a sweep ahead of the model (training/sweep.py), or with
-        sums_bytes by passes adding the batches' first-layer sums (training/sum_sweep.py), not page-faulted."""
+    def read_features_ahead(self, plan) -> None:
+        """Features read from the shards by a sweep ahead of the model (training/sweep.py), or where the
+        plan (training/memory_plan.MemoryPlan) has sums_bytes by passes adding the batches' first-layer sums
+        (training/sum_sweep.py), not page-faulted."""
         from gnnscale.storage.feature_reader import FeatureReader
 
         self.reader = FeatureReader(self.graph)
-        self.stage = (int(rows), int(batches), int(spare))
-        self.sums_bytes = int(sums_bytes)
+        self.stage = (int(plan.sweep_cap), int(plan.stage_batches), int(plan.stage_reserve))
+        self.sums_bytes = int(plan.sums_bytes)
         self.feature_cache = "read"
 
     def read_at_random(self) -> None:

@@ -493,9 +493,12 @@ def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -
     """(what is wrong, how to fix it) for a plan that does not fit its budget."""
     budget = p.budget
     lean = estimate(w, LEAN_FEATURES, 0, budget)
+    need, have = gb(p.must_fit), gb(budget.bytes)
+    if need == have:  # a near miss: the digits that tell them apart
+        need, have = f"{p.must_fit / 1e9:.3f} GB", f"{budget.bytes / 1e9:.3f} GB"
     what = (
-        f"train needs about {gb(p.must_fit)} (features {p.features_said()}, "
-        f"prefetch {p.prefetch}) but its memory budget is {gb(budget.bytes)} ({budget.why})"
+        f"train needs about {need} (features {p.features_said()}, "
+        f"prefetch {p.prefetch}) but its memory budget is {have} ({budget.why})"
     )
     if lean.fits and p.feature_cache != LEAN_FEATURES:
         return what, f"use train.feature_cache=auto (features read from disk fit: {gb(lean.must_fit)})"
