@@ -116,25 +116,17 @@ def predict_read_ahead(data, sampler, memory_plan: dict, batch_size: int, step_s
             plan = reader.plan(union)
     read_s, bound = read_seconds(plan, disk)
     per_batch = read_s / k + step_s
-    return {
-        "seeds_per_s": round(batch_size / per_batch, 2),
-        "bound": bound if read_s / k > step_s else "compute",
-        "in_ram_step_s": round(step_s, 4),
-        "batches_in_flight": k,
-        "pass_rows": len(union),
-        "pass_bytes": int(plan["bytes"]),
-        "pass_requests": int(plan["requests"]),
-        "pass_read_s": round(read_s, 3),
-        "batch_s": round(per_batch, 4),
-        "read_bytes_per_batch": int(plan["bytes"] / k),
-        "disk": {key: disk.get(key) for key in DISK_KEYS},
-        "what": (
+    return _prediction(
+        batch_size=batch_size, per_batch=per_batch, bound=bound if read_s / k > step_s else "compute",
+        step_s=step_s, k=k, plan=plan, read_s=read_s, disk=disk,
+        what=(
             "one pass of the sweep reads the union of the batches in flight (every chunk whole where that "
             "union is dense) at the disk's measured rates and serves them all; per batch pass / K + step "
             "(not overlapped: on 2 cores the sweep takes the model's cores), step = one batch with its "
             "features in RAM"
         ),
-    }
+        pass_rows=len(union),
+    )  # fmt: skip
 
 
 def _predict_sums(data, sampler, sums_bytes: int, batch_size: int, step_s: float) -> dict:
@@ -152,28 +144,38 @@ def _predict_sums(data, sampler, sums_bytes: int, batch_size: int, step_s: float
         len(input_nodes),
         data.features.stored_dim,
     )
-    k = int(max(1, min(sum_sweep.MOST_BATCHES, sums_bytes // max(2 * per, 1))))
+    k = sum_sweep.cohorts_of(sums_bytes, per)
     read_s, bound = read_seconds(plan, disk)
     adds_s = blocks[0].num_edges() * ADD_S_PER_EDGE
     pass_s = read_s + k * adds_s
     compute_s = step_s + adds_s / max(torch.get_num_threads(), 1)
     per_batch = max(pass_s / k, compute_s)
-    return {
-        "seeds_per_s": round(batch_size / per_batch, 2),
-        "bound": bound if pass_s / k > compute_s else "compute",
-        "in_ram_step_s": round(step_s, 4),
-        "batches_in_flight": k,
-        "pass_bytes": int(plan["bytes"]),
-        "pass_requests": int(plan["requests"]),
-        "pass_read_s": round(read_s, 3),
-        "adds_s_per_batch": round(adds_s, 4),
-        "batch_s": round(per_batch, 4),
-        "read_bytes_per_batch": int(plan["bytes"] / k),
-        "disk": {key: disk.get(key) for key in DISK_KEYS},
-        "what": (
+    return _prediction(
+        batch_size=batch_size, per_batch=per_batch, bound=bound if pass_s / k > compute_s else "compute",
+        step_s=step_s, k=k, plan=plan, read_s=read_s, disk=disk,
+        what=(
             "first-layer sums: a pass reads the whole feature file at the disk's measured rate and adds it "
             "into a cohort of K batches' sums while the cohort before computes; per batch max((read + K x "
             "adds) / K, step + adds / threads), adds = first-layer edges x ADD_S_PER_EDGE, step = one batch "
             "with its features in RAM"
         ),
+        adds_s_per_batch=round(adds_s, 4),
+    )  # fmt: skip
+
+
+def _prediction(*, batch_size, per_batch, bound, step_s, k, plan, read_s, disk, what, **extra) -> dict:
+    """The prediction's fields: seeds/s and its bound, the pass and what it reads, the disk's rates."""
+    return {
+        "seeds_per_s": round(batch_size / per_batch, 2),
+        "bound": bound,
+        "in_ram_step_s": round(step_s, 4),
+        "batches_in_flight": k,
+        "pass_bytes": int(plan["bytes"]),
+        "pass_requests": int(plan["requests"]),
+        "pass_read_s": round(read_s, 3),
+        "batch_s": round(per_batch, 4),
+        "read_bytes_per_batch": int(plan["bytes"] / k),
+        "disk": {key: disk.get(key) for key in DISK_KEYS},
+        **extra,
+        "what": what,
     }

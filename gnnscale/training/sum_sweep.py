@@ -72,6 +72,11 @@ def shape_bytes(first_dst: int, edges, dsts, input_rows: int, dim: int) -> int:
     )
 
 
+def cohorts_of(budget: int, per_batch: int) -> int:
+    """Batches a cohort: as many as two cohorts of them fit the budget at per_batch each (at least one)."""
+    return int(max(1, min(MOST_BATCHES, int(budget) // max(2 * int(per_batch), 1))))
+
+
 # What a pass holds whatever its cohort: two chunk buffers (one read while the other is added) and the
 # gather scratch.
 PASS_BYTES = 2 * CHUNK_BYTES + SCRATCH_BYTES
@@ -93,8 +98,7 @@ class SumSweep:
 
     def cohort_size(self, b: Batch) -> int:
         """As many batches as two cohorts of them fit the budget, each batch at batch_bytes (at least one)."""
-        per = 2 * batch_bytes(b, self.dim)
-        return int(max(1, min(MOST_BATCHES, self.budget // max(per, 1))))
+        return cohorts_of(self.budget, batch_bytes(b, self.dim))
 
     def _pass(self, cohort: CohortSums, bufs) -> None:
         """Every chunk of the file, first to last, added into the cohort (the sweep's thread)."""
