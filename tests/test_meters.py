@@ -34,7 +34,7 @@ def no_proc(monkeypatch) -> None:
 
 def test_readings_are_real_numbers_where_proc_is_readable():
     # A fresh process: in this one, a train stage run earlier keeps freed heap pages resident
-    # (training/alloc.py), so a new allocation may not raise RssAnon at all.
+    # (utils/alloc.py), so a new allocation may not raise RssAnon at all.
     code = """
 from gnnscale.utils import memory
 base = memory.rss_anon_mb()

@@ -44,6 +44,7 @@ def _header_len(path: Path) -> tuple[int, tuple, np.dtype]:
         return fh.tell(), shape, dtype
 
 
+_BEHIND = 4  # 'disk' mode: the writes whose pages are advised out again (write_range)
 ALIGN = 4096  # where a layer file's rows start: O_DIRECT (streamfile.py) wants page-aligned offsets
 
 
@@ -104,6 +105,7 @@ class LayerFile:
             int(np.prod(shape[1:])) * dtype.itemsize,
         )
         self._fh = open(self.path, "r+b" if writable else "rb")
+        self._behind: list[tuple[int, int]] = []  # 'disk': recent writes, dropped once written back
         self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         self.array = np.ndarray(self.shape, dtype=dtype, buffer=self._mm, offset=offset)
         if not writable:
@@ -135,9 +137,21 @@ class LayerFile:
         buf = memoryview(np.ascontiguousarray(rows.numpy(), dtype=self.array.dtype)).cast("B")
         assert len(buf) == len(rows) * self.row_bytes, (len(buf), len(rows), self.row_bytes)
         at, fd = self.offset + lo * self.row_bytes, self._fh.fileno()
+        start, nbytes = at, len(buf)
         while len(buf):  # pwrite may write less than asked (signals, very large requests)
             done = os.pwrite(fd, buf, at)
             buf, at = buf[done:], at + done
+        if self.mode == "disk":
+            self._write_behind(start, nbytes)
+
+    def _write_behind(self, at: int, nbytes: int) -> None:
+        """'disk' mode: keep the file's dirty page cache to a few writes. A memory cgroup counts dirty
+        pages and its reclaim cannot write them back (cgroup v1), so they piled up to 60 MB beside a
+        capped run's heap until the kernel killed it. fadvise(DONTNEED) starts a range's writeback and
+        drops what of it is clean; each write re-advises the last few, written back by then."""
+        self._behind = [*self._behind[-(_BEHIND - 1) :], (at, nbytes)]
+        for a, n in self._behind:
+            os.posix_fadvise(self._fh.fileno(), a, n, os.POSIX_FADV_DONTNEED)
 
     def release(self) -> None:
         """'disk' mode: drop this process's mapped pages (the data stays in the file / page cache)."""

@@ -20,6 +20,7 @@ import torch
 
 from gnnscale.inference.chunked import ChunkEdges, carried_sum
 from gnnscale.models.sums import sage_from_sums
+from gnnscale.utils.alloc import release_free_heap
 
 # Destinations summed at once (their running sums are copied in front of each chunk's rows: the carry):
 # one DGL call per chunk for this many; 16,384 took 0.7x the time of 4,096 (1M nodes, 10 chunks).
@@ -182,14 +183,20 @@ def tiled_layer(
             if progress is not None:
                 progress(t0 + (t1 - t0) * (c + 1) // (2 * (len(bounds) - 1)))
         del splits, src
+        # The chunks' sums, freed below glibc's grown mmap threshold, leave holes in the heap that the
+        # batches below do not fit (and theirs the next tile's chunks): the peak went 40 MB past a 660 MB
+        # budget on 1M nodes, and a 734 MB cgroup's kernel killed the run. Handed back here and after the
+        # batches: peak 597-618 MB, for ~8% more CPU (the pages fault in again once per tile).
+        release_free_heap()
         deg = torch.from_numpy(np.diff(ip))
         first = 0
         for b0, rs in cuts:
             lo, hi = t0 + b0, min(t0 + b0 + batch_size, t1)
-            part = torch.cat(sums[first : first + len(rs)])
+            part = sums[first] if len(rs) == 1 else torch.cat(sums[first : first + len(rs)])
             first += len(rs)
             emit(lo, sage_from_sums(conv, part, deg[b0 : hi - t0], source.rows(lo, hi)))
             if progress is not None:
                 progress(t0 + (t1 - t0 + hi - t0) // 2)
         del sums
+        release_free_heap()
     return n, edges

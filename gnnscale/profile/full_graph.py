@@ -32,7 +32,7 @@ from gnnscale.training.memory_plan import TRAINER_OVERHEAD
 BYTES = 4  # float32 activations and parameters
 GATHER_HEADROOM = 1.25  # training/batches.FeatureBuffers grows its buffer to 1.25x the rows asked for
 BACKWARD_LIVE = 2  # hidden-sized gradients alive at once during backward
-# training/alloc.keep_heap_warm serves allocations under 32 MB from the heap and keeps what is freed there:
+# utils/alloc.keep_heap_warm serves allocations under 32 MB from the heap and keeps what is freed there:
 # a step's smaller tensors do not land in the previous step's holes every time, and the heap settles at
 # about twice them (measured: syn20k full_gcn, every step tensor 19.5 MB or less: 0.72x without this term,
 # 0.88x with it; Cora 0.88 -> 0.97; the 50k graph, whose hidden-wide tensors are mmap'd, 0.92 -> 0.98).

@@ -22,7 +22,6 @@ from gnnscale.stages.common import cpu_count, metered
 from gnnscale.storage.lock import run_dir_lock
 from gnnscale.storage.run_dir import SAMPLER_CACHE, make_run_dir, write_summary
 from gnnscale.tasks import build_task
-from gnnscale.training.alloc import keep_heap_warm
 from gnnscale.training.build import build_samplers, build_trainer, preflight
 from gnnscale.training.cache_stats import CacheHitRate
 from gnnscale.training.callbacks import ConsoleProgress, EpochHook
@@ -42,6 +41,7 @@ from gnnscale.training.task_setup import (
     load_task_data,
     task_name,
 )
+from gnnscale.utils.alloc import keep_heap_warm
 from gnnscale.utils.memlimit import gb, resolve_budget
 from gnnscale.utils.ui import info, make_progress, summary_table
 

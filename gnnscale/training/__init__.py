@@ -9,5 +9,5 @@
 - callbacks.py    console progress; report.py summary.json; resume.py which run continues
 - phases.py       train.phases: per-phase batch size and fanouts, the phase of an epoch
 - diagnostics.py  train.diagnostics: batch label mix, loss / gradient spread, overlap, over-smoothing
-- seeding.py      per-epoch seeds and RNG state; schedule.py, precision.py, options.py, alloc.py
+- seeding.py      per-epoch seeds and RNG state; schedule.py, precision.py, options.py
 """

@@ -138,7 +138,7 @@ def scratch_for(dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def mapped_zeros(rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """A [rows, dim] zero tensor in its own anonymous mapping: the kernel takes its pages back when the cohort
-    goes. From the heap (cohorts below glibc's 32 MB mmap threshold, training/alloc.py) each cohort left
+    goes. From the heap (cohorts below glibc's 32 MB mmap threshold, utils/alloc.py) each cohort left
     holes the next one's sizes did not fill: on the 1M-node bench graph (cohorts of two batches) peak
     RssAnon read 792 MB against 764 MB planned, 751 MB with the cohorts in their own mappings. In 2 MiB pages
     where the kernel allows (transparent huge pages on madvise): faulting a cohort's 58 MB in 4 KiB pages

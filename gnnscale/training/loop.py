@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gnnscale.training.alloc import release_free_heap
 from gnnscale.training.cpu_math import FLUSH_EVERY, flush_subnormals
 from gnnscale.training.sync import SINGLE, Sync
+from gnnscale.utils.alloc import release_free_heap
 
 TIME_SPLIT = ("sample_s", "gather_s", "data_wait_s", "forward_s", "backward_s", "step_s")
 
@@ -153,7 +153,7 @@ def evaluate(model, stream, task, precision, sync: Sync = SINGLE) -> dict:
                 out = model(b.layers(model.num_layers), None, first=b.first)
         collected.append(task.collect(out, b))
         del b, out  # let go before the next batch is sampled (training/batches.py, Memory)
-        release_free_heap()  # alloc.py: an evaluation batch's free chunks would otherwise stay in the heap
+        release_free_heap()  # utils/alloc.py: an evaluation batch's free chunks would otherwise stay in the heap
     collected = sync.gather(collected)
     scores = task.score(collected)
     return {**scores, "time_s": time.perf_counter() - t0 if collected else 0.0}

@@ -62,7 +62,7 @@ def shape_bytes(first_dst: int, edges, dsts, input_rows: int, dim: int) -> int:
     layer first): its first layer's sums and own rows (float32), its edge lists, its other sampled blocks
     and input ids while the cohort waits for its pass and computes (int64 ids: CSC, edge ids), and half its
     first block: that block goes once the cohort's edge lists are made (SumSweep._plan), but the heap
-    keeps its memory for the next cohort's sampling (training/alloc.py), so one cohort's worth stays.
+    keeps its memory for the next cohort's sampling (utils/alloc.py), so one cohort's worth stays.
     The memory plan prices cohorts with it before any batch is summed; the pass's buffers and scratch are
     PASS_BYTES, once."""
     blocks = sum(int(e) * 8 * 2 + int(d) * 8 for e, d in zip(edges[1:], dsts[1:], strict=True))
