@@ -4,7 +4,8 @@ Both modes write the rows into a shared file mapping, so they are page cache, ne
 the kernel can write them back and drop them, and the file is the per-layer cache `--update` reuses.
 'memory' keeps the mapping populated (fast re-reads). 'disk' drops this process's pages after every
 batch (MADV_DONTNEED; dirty pages are handed to the page cache, not lost), so the resident set stays
-at one batch's rows whatever the graph size.
+at one batch's rows whatever the graph size, and advises the rows it writes out of the page cache once
+written back (a memory cgroup counts that cache against the run).
 """
 
 from __future__ import annotations
