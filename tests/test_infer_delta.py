@@ -44,6 +44,14 @@ def force(monkeypatch, method: str | None) -> None:
         monkeypatch.setattr(upd, "delta_cost", lambda *a: (0.0, 1.0))
     elif method == "full":
         monkeypatch.setattr(upd, "delta_cost", lambda *a: (1.0, 0.0))
+        monkeypatch.setattr(upd, "_FULL_IN_UPDATE", 0.0)  # its full layers, not a full run (tested below)
+
+
+def pin_base_time(base_dir, seconds: float) -> None:
+    """The base run's measured time, which an update's whole-run choice compares its estimate with: on a
+    tiny graph both are milliseconds, and the choice would follow the machine's noise."""
+    summary = base_dir / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "infer_time_s": seconds}))
 
 
 def run_case(tmp_path, graph, ckpt, changes, num_layers, base="base", name="upd", batch=64):
@@ -94,6 +102,7 @@ def test_delta_update_equals_full_recompute(
         tmp_path / "train", graph, aggregator=aggregator, norm=norm, num_layers=num_layers, steps=3
     )
     infer(tmp_path, "base", f"ckpt={ckpt}", "infer.batch_size=128")
+    pin_base_time(tmp_path / "base", 1e9)  # the per-layer paths under test, not a full run
     changes = random_changes(graph, np.random.default_rng(7), n_remove=6)
     s = run_case(tmp_path, graph, ckpt, changes, num_layers)
     methods = [x["method"] for x in s["layers"]]
@@ -110,6 +119,39 @@ def test_delta_update_equals_full_recompute(
     # The update's cache is complete: conv outputs for every hidden layer, as for a full run.
     info = json.loads((tmp_path / "upd" / "emb_info.json").read_text())
     assert info["cache"]["preact"] == [f"z_{i + 1}.npy" for i in range(num_layers - 1)]
+
+
+def test_update_price_adds_what_the_delta_estimate_leaves_out():
+    plan = [("delta", {"estimated_s": {"delta": 0.5, "full": 9.0}}), ("full", {}), ("reused", {})]
+    affected = [np.arange(10), np.arange(1000), np.arange(0)]
+    want = 0.5 + 1000 * 16 * upd._STREAM + 10 * 16 * upd._FIRST_ROW + 2.0 * upd._FULL_IN_UPDATE
+    assert upd.update_seconds(plan, 1000, (8, 16, 16, 4), affected, [1.0, 2.0, 3.0]) == pytest.approx(want)
+    assert upd.update_seconds(plan, 1000, (8, 16, 16, 4), affected, None) is None  # no measured full run
+    rows = [("rows", {}), ("full", {}), ("full", {})]
+    assert upd.update_seconds(rows, 1000, (8, 16, 16, 4), affected, [1.0, 2.0, 3.0]) is None
+
+
+@pytest.mark.parametrize("base_s, path", [(1e-9, "full run"), (1e9, "update")])
+def test_update_or_full_run_whichever_is_estimated_faster(tmp_path, graph, monkeypatch, base_s, path):
+    """The same change, the base run's measured time set below and above any estimate: the choice flips,
+    and either way the layers equal a full recomputation on the updated graph."""
+    force(monkeypatch, "delta")
+    ckpt = make_ckpt(tmp_path / "train", graph, num_layers=2, steps=3)
+    infer(tmp_path, "base", f"ckpt={ckpt}", "infer.batch_size=128")
+    pin_base_time(tmp_path / "base", base_s)
+    changes = random_changes(graph, np.random.default_rng(7), n_remove=6)
+    s = run_case(tmp_path, graph, ckpt, changes, 2, batch=128)  # the base run's batches: see _choose
+    assert s["choice"]["path"] == path and s["choice"]["full_run_s"] == base_s
+    assert (s["choice"]["estimated_update_s"] > base_s) == (path == "full run")
+    methods = [x["method"] for x in s["layers"]]
+    if path == "full run":
+        assert methods == ["full run"] * 2
+        assert [x["rows_computed"] for x in s["layers"]] == [600, 600]  # every row, not the affected ones
+    else:
+        assert methods == ["delta"] * 2
+    assert_untouched_rows_are_base(tmp_path, "upd", "base", changes, s, 2)
+    info = json.loads((tmp_path / "upd" / "emb_info.json").read_text())
+    assert info["cache"]["preact"] == ["z_1.npy"]  # the next update can propagate through either run
 
 
 def test_cached_layers_are_their_conv_outputs_finished(tmp_path, graph):

@@ -143,7 +143,8 @@ def _free_bytes(budget) -> int:
 def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, device, update=None) -> dict:
     """Every layer into run_dir/layers/h_*.npy (and z_*.npy: the conv outputs --update propagates through).
 
-    update: (UpdateInputs, affected rows per layer) to update a base run's cached layers instead.
+    update: (UpdateInputs, affected rows per layer, plan_methods' plan) to update a base run's cached
+    layers instead.
     """
     budget = resolve_budget(opts.memory_budget, "infer.memory_budget")
     storage, why, need = plan_storage(num_nodes, list(model.dims), budget, opts.storage)
@@ -171,7 +172,7 @@ def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, de
             wrote_z = [p is not None for p in partial_z]
         else:
             stats, wrote_z = update_layers(
-                model, update[0], update[1], partial, partial_z, progress=progress, **common
+                model, update[0], update[1], partial, partial_z, progress=progress, plan=update[2], **common
             )
     compute_s, compute_cpu_s = time.time() - t0, time.process_time() - c0
     t_pub = time.time()

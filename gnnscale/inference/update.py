@@ -65,6 +65,32 @@ DELTA_MAX_CHANGED = 0.5
 _MM32, _MM64, _EDGE, _ELEM = 1.3e-11, 3.3e-11, 2.7e-10, 5.0e-9
 
 
+# What those estimates leave out, measured on the same benchmark's updates (0.1 / 1 / 5 % of nodes changed):
+# a delta layer streams the base run's conv outputs and writes every row whatever the change (~1.0 s of
+# layer 1's 1.05 s at 0.1 %, where delta_cost said 0.02); a first layer's delta costs more per affected
+# row than delta_cost's _ELEM (1.05 / 1.54 / 2.97 s at 14k / 113k / 350k rows); a layer recomputed inside
+# an update took 1.5x the base run's same layer (4.34 vs 2.83 s: it restores the unreached rows).
+_STREAM, _FIRST_ROW, _FULL_IN_UPDATE = 7.6e-9, 1.6e-8, 1.5
+
+
+def update_seconds(plan, n: int, dims, affected, base_layer_s) -> float | None:
+    """What the per-layer plan should take, the layers recomputed in full priced from the base run's own
+    measured layer times (base_layer_s); None without them, or where a layer recomputes scattered rows
+    (a path with no measured price)."""
+    if base_layer_s is None or len(base_layer_s) != len(plan):
+        return None
+    total = 0.0
+    for i, (method, why) in enumerate(plan):
+        if method == "delta":
+            total += why["estimated_s"]["delta"] + n * dims[i + 1] * _STREAM
+            total += len(affected[i]) * dims[i + 1] * _FIRST_ROW if i == 0 else 0.0
+        elif method == "full":
+            total += base_layer_s[i] * _FULL_IN_UPDATE
+        elif method == "rows":
+            return None
+    return total
+
+
 def delta_cost(n, e, in_dim, out_dim, changed, edges_from_changed, rows, mean) -> tuple[float, float]:
     """(delta, full) estimated seconds for one layer, leaving out what both do (write the outputs)."""
     mm = in_dim * out_dim * (2 if mean else 1)  # W_s and W_n, or W_n alone
@@ -132,12 +158,14 @@ def update_layers(
     batch_size: int,
     device: torch.device,
     progress=None,
+    plan: list[tuple[str, dict]] | None = None,
 ) -> tuple[list[LayerStats], list[bool]]:
     """Every layer of the update into paths[l] (and z_paths[l]); returns the stats and, per layer, whether
-    a conv-output file was written (the next update can propagate through that layer only if so)."""
+    a conv-output file was written (the next update can propagate through that layer only if so).
+    plan: plan_methods' (made here when not given)."""
     adj, n, num_layers = inputs.adj, inputs.adj.num_nodes, model.num_layers
     ctx = LayerContext(model, adj, device)
-    plan = plan_methods(model, inputs, rows, device)
+    plan = plan if plan is not None else plan_methods(model, inputs, rows, device)
     methods = [m for m, _ in plan]
     edges = InEdgeChange.between(inputs.adj_old, adj) if "delta" in methods else None
     delta_in = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ from gnnscale.inference.delta import GraphDelta, PatchedFeatures, read_changes, 
 from gnnscale.inference.incremental import affected_rows
 from gnnscale.inference.job import compute_layers, emb_layer, publish_layerwise
 from gnnscale.inference.layerwise import layer_paths, preact_path
-from gnnscale.inference.update import UpdateInputs
+from gnnscale.inference.update import UpdateInputs, plan_methods, update_seconds
 from gnnscale.models.checkpoint import LoadedCheckpoint, check_fits_graph, load_model
 from gnnscale.storage.csc import open_csc
 from gnnscale.storage.feature_store import FeatureStore
@@ -134,7 +134,15 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
         base_h=base_h,
         base_z=[preact_path(p) if preact_path(p).name in have_z else None for p in base_h],
     )
-    layers = compute_layers(model, adj, None, run_dir, n, opts, device, update=(inputs, rows))
+    t1 = time.time()
+    plan = plan_methods(model, inputs, rows, device)
+    plan_s += time.time() - t1
+    choice = _choose(job.base, plan, n, model.dims, rows, plan_s, int(opts.batch_size))
+    if choice["path"] == "full run":
+        layers = compute_layers(model, adj, inputs.features, run_dir, n, opts, device)
+        layers["stats"] = [replace(st, method="full run") for st in layers["stats"]]
+    else:
+        layers = compute_layers(model, adj, None, run_dir, n, opts, device, update=(inputs, rows, plan))
     layers["compute_s"] += plan_s  # what the update costs against a full run
     for a, st in zip(affected, layers["stats"], strict=True):
         # Work follows edges, and nodes a change reaches are the well-connected ones (degree bias).
@@ -159,11 +167,38 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
         "changes": applied,
         "affected": affected,
         "plan_time_s": round(plan_s, 3),
+        "choice": choice,
         "base_infer_time_s": base_time,
         "speedup_vs_base": round(base_time / layers["compute_s"], 2) if base_time else None,
         "updated_graph_dir": graph_out,
     }
     return layers, out, fields
+
+
+def _choose(base: Path, plan, n: int, dims, rows, plan_s: float, batch_size: int) -> dict:
+    """Update layer by layer, or compute every layer afresh on the updated graph (a full run), whichever
+    is estimated faster: a change that reaches most rows costs an update more than the base run took.
+    A full run in the base run's batches gives the rows the change did not reach bit for bit as the
+    base run has them, as an update does; in other batches it may not, so it is not offered then."""
+    s = read_summary(base) or {}
+    layers = s.get("layers") or []
+    if s.get("mode") != "layerwise" or any("method" in x for x in layers) or not s.get("infer_time_s"):
+        return {"path": "update", "why": "the base run is no full layer-wise run whose time can be compared"}
+    if s.get("batch_size") != batch_size:
+        return {
+            "path": "update",
+            "why": f"the base run's batches were {s.get('batch_size')} rows, not {batch_size}",
+        }
+    full_s = s["infer_time_s"]
+    est = update_seconds(plan, n, dims, rows, [x["seconds"] for x in layers])
+    if est is None:
+        return {"path": "update", "why": "a layer recomputes scattered rows, which has no measured price"}
+    path = "full run" if est + plan_s > full_s else "update"
+    info(
+        f"update estimated at {est + plan_s:.2f} s against {full_s:.2f} s for the base run's full pass: "
+        + ("computing every layer afresh on the updated graph" if path == "full run" else "updating")
+    )
+    return {"path": path, "estimated_update_s": round(est + plan_s, 3), "full_run_s": full_s}
 
 
 def _base_infer_time(base: Path) -> float | None:
