@@ -137,7 +137,10 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
     t1 = time.time()
     plan = plan_methods(model, inputs, rows, device)
     plan_s += time.time() - t1
-    choice = _choose(job.base, plan, n, model.dims, rows, plan_s, int(opts.batch_size))
+    base_summary = read_summary(job.base) or {}  # its measured time: the price of a full run
+    choice = _choose(
+        base_summary, plan, rows, n=n, dims=model.dims, plan_s=plan_s, batch_size=int(opts.batch_size)
+    )
     if choice["path"] == "full run":
         layers = compute_layers(model, adj, inputs.features, run_dir, n, opts, device)
         layers["stats"] = [replace(st, method="full run") for st in layers["stats"]]
@@ -161,7 +164,7 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
         t1 = time.time()
         graph_out = str(write_updated_graph(graph, delta, opts.write_graph, overwrite=overwrite))
         info(f"updated graph written to {graph_out} ({time.time() - t1:.1f} s)")
-    base_time = _base_infer_time(job.base)
+    base_time = base_summary.get("infer_time_s") if base_summary.get("mode") == "layerwise" else None
     fields = {
         "base_run": str(job.base),
         "changes": applied,
@@ -175,12 +178,12 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
     return layers, out, fields
 
 
-def _choose(base: Path, plan, n: int, dims, rows, plan_s: float, batch_size: int) -> dict:
+def _choose(s: dict, plan, rows, *, n: int, dims, plan_s: float, batch_size: int) -> dict:
     """Update layer by layer, or compute every layer afresh on the updated graph (a full run), whichever
     is estimated faster: a change that reaches most rows costs an update more than the base run took.
     A full run in the base run's batches gives the rows the change did not reach bit for bit as the
-    base run has them, as an update does; in other batches it may not, so it is not offered then."""
-    s = read_summary(base) or {}
+    base run has them, as an update does; in other batches it may not, so it is not offered then.
+    s: the base run's summary."""
     layers = s.get("layers") or []
     if s.get("mode") != "layerwise" or any("method" in x for x in layers) or not s.get("infer_time_s"):
         return {"path": "update", "why": "the base run is no full layer-wise run whose time can be compared"}
@@ -199,8 +202,3 @@ def _choose(base: Path, plan, n: int, dims, rows, plan_s: float, batch_size: int
         + ("computing every layer afresh on the updated graph" if path == "full run" else "updating")
     )
     return {"path": path, "estimated_update_s": round(est + plan_s, 3), "full_run_s": full_s}
-
-
-def _base_infer_time(base: Path) -> float | None:
-    s = read_summary(base) or {}
-    return s.get("infer_time_s") if s.get("mode") == "layerwise" else None
