@@ -204,7 +204,7 @@ def test_first_layer_sums_plan_holds_cohorts_not_rows():
     p, said = plan(w_sums, "auto", 0, budget)
     assert p.fits and p.feature_cache == "read" and p.sums_bytes > least and p.must_fit <= budget.bytes
     assert budget.bytes - p.must_fit < 0.11 * (budget.bytes - lean_sums.must_fit)  # STAGE_SHARE of the room
-    assert cohort_batches(w_sums, p) == p.sums_bytes // least
+    assert cohort_batches(w_sums, p) == p.sums_bytes // sums_batch_bytes(sums_sizes, TRAIN) / 2  # alternating
     assert "first-layer sums of a cohort of batches" in p.line() and p.as_dict()["sums_bytes"] == p.sums_bytes
 
 

@@ -84,8 +84,8 @@ def test_only_plans_that_read_ahead_are_predicted(tiny):
 
 
 def test_first_layer_sums_are_priced_per_cohort(tiny):
-    """Batches summed as the file is read: a pass reads the whole file and serves a cohort, as many batches
-    as two cohorts fit sums_bytes; its adds are priced per first-layer edge."""
+    """Batches summed as the file is read: a pass reads the whole file and serves a cohort, half the
+    batches sums_bytes holds on average (cohorts alternate); its adds are priced per first-layer edge."""
     from gnnscale.training import sum_sweep
 
     sampler, bs = NeighborBlockSampler([3, 3]), 16
@@ -102,13 +102,13 @@ def test_first_layer_sums_are_priced_per_cohort(tiny):
         dgl.seed(0)  # the same neighbours drawn again
         plan = {"feature_cache": "read", "sums_bytes": cohort * 2 * per + per}
         plans[cohort] = predict_read_ahead(tiny, sampler, plan, bs, step_s=0.01)
-        assert plans[cohort]["batches_in_flight"] == cohort
+        assert plans[cohort]["batches_in_flight"] == cohort + 0.5  # 2 x cohort + 1 held: k + 1, k, ...
     p = plans[5]
     with FeatureReader(tiny.graph) as reader:
         assert p["pass_bytes"] == reader.num_nodes * reader.row_bytes  # the whole file, every pass
     adds = blocks[0].num_edges() * read_ahead.ADD_S_PER_EDGE
     assert p["adds_s_per_batch"] == pytest.approx(adds, abs=1e-4)
     read = read_seconds({"bytes": p["pass_bytes"], "requests": p["pass_requests"]}, DISK)[0]
-    want = max((read + 5 * adds) / 5, 0.01 + adds / torch.get_num_threads())
+    want = max((read + 5.5 * adds) / 5.5, 0.01 + adds / torch.get_num_threads())
     assert p["batch_s"] == pytest.approx(want, abs=1e-4)
     assert plans[1]["batch_s"] > p["batch_s"]  # one batch a pass: the whole read is its own

@@ -12,8 +12,16 @@ Batches go in cohorts: a cohort is sampled (in the caller's thread, in order, as
 first-layer edges planned, then one pass over the file, first chunk to last (the order its sums must be
 added in to equal DGL's), adds every chunk into the cohort's sums, in a thread, the next chunk read while
 one is added. While a cohort's pass runs, the cohort before it computes, and the one after it is sampled.
-So two cohorts' sums are held, and one cohort's sampled blocks beside them: the cohort size is the most
-batches for which that fits what the memory plan gave the cohorts (training/memory_plan.py, sums_bytes).
+So two cohorts' sums are held, and one cohort's sampled blocks beside them: the two together are as many
+batches as fit what the memory plan gave the cohorts (training/memory_plan.py, sums_bytes), and each
+cohort takes what the one before it leaves of that (an odd count alternates k + 1 and k: 3.5 batches a
+pass where 7 fit, not 3).
+
+Why cohorts and not batches joining the sweep wherever it is: a batch's sums must be added from its first
+chunk on to equal DGL's, so a batch joining mid-file needs its edges listed from there, in every run, at
+join points fixed whatever the budget. Simulated with the 1M-node bench's pass (0.5 s) and step (0.1 s),
+such points served more batches a pass than cohorts only when few (8), and those capped the 5M-node
+graph's 64 batches held at 8 a pass: a slot freed while the model computes misses its successor's point.
 Bit-equal to training with the features in RAM: same batches, same sums, same weights.
 """
 
@@ -72,9 +80,15 @@ def shape_bytes(first_dst: int, edges, dsts, input_rows: int, dim: int) -> int:
     )
 
 
-def cohorts_of(budget: int, per_batch: int) -> int:
-    """Batches a cohort: as many as two cohorts of them fit the budget at per_batch each (at least one)."""
-    return int(max(1, min(MOST_BATCHES, int(budget) // max(2 * int(per_batch), 1))))
+def held_of(budget: int, per_batch: int) -> int:
+    """Batches the two cohorts held at once have together: as many as fit the budget at per_batch each
+    (at least one a cohort)."""
+    return int(max(2, min(2 * MOST_BATCHES, int(budget) // max(int(per_batch), 1))))
+
+
+def cohorts_of(budget: int, per_batch: int) -> float:
+    """Batches a pass serves, on average: cohorts alternate, each taking what the one before leaves."""
+    return held_of(budget, per_batch) / 2
 
 
 # What a pass holds whatever its cohort: two chunk buffers (one read while the other is added) and the
@@ -91,14 +105,14 @@ class SumSweep:
         self.starts = reader.spans(max(1, CHUNK_BYTES // max(reader.row_bytes, 1)))
         self.dim = int(features.stored_dim)
         self._stop = threading.Event()
-        self.passes = self.batches = self.cohort = 0
+        self.passes = self.batches = self.held = 0
         self.read_s = self.cpu_s = self.wait_s = 0.0
         self.rows_read = 0
         self._scratch = scratch_for(self.dim)  # the passes run one at a time: one scratch for all
 
-    def cohort_size(self, b: Batch) -> int:
-        """As many batches as two cohorts of them fit the budget, each batch at batch_bytes (at least one)."""
-        return cohorts_of(self.budget, batch_bytes(b, self.dim))
+    def held_for(self, b: Batch) -> int:
+        """Batches two cohorts hold together: as many as fit the budget, each at batch_bytes (two at least)."""
+        return held_of(self.budget, batch_bytes(b, self.dim))
 
     def _pass(self, cohort: CohortSums, bufs) -> None:
         """Every chunk of the file, first to last, added into the cohort (the sweep's thread)."""
@@ -153,20 +167,20 @@ class SumSweep:
             cur = self._sample(it, 1)
             if not cur:
                 return
-            k = self.cohort_size(cur[0])
-            if k != self.cohort:  # said once a run (the first epoch), again only if it changes
+            held = self.held_for(cur[0])
+            if held != self.held:  # said once a run (the first epoch), again only if it changes
                 mb = batch_bytes(cur[0], self.dim) / 1e6
+                a_pass = f"{held // 2}" if held % 2 == 0 else f"{held // 2}-{held // 2 + 1}"
                 info(
-                    f"{self.what}: first layer summed as the feature file is read, {k} batch"
-                    f"{'' if k == 1 else 'es'} a pass ({mb:,.0f} MB each, two passes' worth held in "
-                    f"{self.budget / 1e9:.2f} GB)"
+                    f"{self.what}: first layer summed as the feature file is read, {a_pass} batches a pass "
+                    f"({mb:,.0f} MB each, two passes' worth, {held}, held in {self.budget / 1e9:.2f} GB)"
                 )
-                self.cohort = k
-            cur += self._sample(it, k - 1)
+                self.held = held
+            cur += self._sample(it, (held + 1) // 2 - 1)
             sums = self._plan(cur)
             job = pool.submit(self._pass, sums, bufs)
             while cur:
-                nxt = self._sample(it, k)  # sampled while the pass runs
+                nxt = self._sample(it, held - len(cur))  # sampled while the pass runs; both held next
                 t0 = time.perf_counter()
                 job.result()
                 waited = time.perf_counter() - t0
@@ -201,8 +215,10 @@ class SumSweep:
             "mode": "first-layer sums",
             "reads": "dense",
             "batches": self.batches,
-            "cohort_batches": self.cohort,
+            "cohort_batches": (self.held + 1) // 2,
+            "batches_held": self.held,
             "passes": self.passes,
+            "batches_a_pass": round(self.batches / self.passes, 2) if self.passes else None,
             "chunks_read": self.passes * (len(self.starts) - 1),
             "rows_read": self.rows_read,
             "read_s": round(self.read_s, 3),
