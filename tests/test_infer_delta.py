@@ -41,9 +41,9 @@ def force(monkeypatch, method: str | None) -> None:
     """delta: every layer a delta can reach; full: none. None: the cost model decides."""
     if method == "delta":
         monkeypatch.setattr(upd, "DELTA_MAX_CHANGED", 1.0)
-        monkeypatch.setattr(upd, "delta_cost", lambda *a: (0.0, 1.0))
+        monkeypatch.setattr(upd, "delta_cost", lambda *a, **k: (0.0, 1.0))
     elif method == "full":
-        monkeypatch.setattr(upd, "delta_cost", lambda *a: (1.0, 0.0))
+        monkeypatch.setattr(upd, "delta_cost", lambda *a, **k: (1.0, 0.0))
         monkeypatch.setattr(upd, "_FULL_IN_UPDATE", 0.0)  # its full layers, not a full run (tested below)
 
 

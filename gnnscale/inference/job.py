@@ -140,7 +140,7 @@ def _free_bytes(budget) -> int:
     return budget.bytes - int((held or 0) * 1e6)
 
 
-def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, device, update=None) -> dict:
+def compute_layers(model, adj, features, run_dir: Path, *, num_nodes: int, opts, device, update=None) -> dict:
     """Every layer into run_dir/layers/h_*.npy (and z_*.npy: the conv outputs --update propagates through).
 
     update: (UpdateInputs, affected rows per layer, plan_methods' plan) to update a base run's cached
@@ -198,7 +198,7 @@ def compute_layers(model, adj, features, run_dir: Path, num_nodes: int, opts, de
 
 
 def publish_layerwise(
-    run_dir: Path, layers: dict, ck: LoadedCheckpoint, graph: GraphDir, opts, layer: int, extra_info: dict
+    run_dir: Path, layers: dict, ck: LoadedCheckpoint, graph: GraphDir, *, opts, layer: int, extra_info: dict
 ) -> dict:
     """embeddings / predictions / emb_info.json from the finished layer files; returns what was written."""
     t0 = time.time() - layers["fsync_s"]

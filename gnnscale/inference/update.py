@@ -91,7 +91,7 @@ def update_seconds(plan, n: int, dims, affected, base_layer_s) -> float | None:
     return total
 
 
-def delta_cost(n, e, in_dim, out_dim, changed, edges_from_changed, rows, mean) -> tuple[float, float]:
+def delta_cost(n, e, *, in_dim, out_dim, changed, edges_from_changed, rows, mean) -> tuple[float, float]:
     """(delta, full) estimated seconds for one layer, leaving out what both do (write the outputs)."""
     mm = in_dim * out_dim * (2 if mean else 1)  # W_s and W_n, or W_n alone
     full = n * mm * _MM32 + e * min(in_dim, out_dim) * _EDGE
@@ -133,8 +133,9 @@ def plan_methods(model, inputs: UpdateInputs, rows: list[np.ndarray], device) ->
                 out_deg = adj.out_degrees()
             e_c = int(out_deg[changed].sum())
             d_cost, f_cost = delta_cost(
-                n, adj.num_edges, in_dim, dim, len(changed), e_c, len(affected), conv._aggre_type == "mean"
-            )
+                n, adj.num_edges, in_dim=in_dim, out_dim=dim, changed=len(changed), edges_from_changed=e_c,
+                rows=len(affected), mean=conv._aggre_type == "mean",
+            )  # fmt: skip
             why = {"estimated_s": {"delta": round(d_cost, 2), "full": round(f_cost, 2)}}
             if len(changed) <= DELTA_MAX_CHANGED * n and d_cost < f_cost:
                 plan.append(("delta", why))

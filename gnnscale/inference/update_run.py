@@ -142,10 +142,12 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
         base_summary, plan, rows, n=n, dims=model.dims, plan_s=plan_s, batch_size=int(opts.batch_size)
     )
     if choice["path"] == "full run":
-        layers = compute_layers(model, adj, inputs.features, run_dir, n, opts, device)
+        layers = compute_layers(model, adj, inputs.features, run_dir, num_nodes=n, opts=opts, device=device)
         layers["stats"] = [replace(st, method="full run") for st in layers["stats"]]
     else:
-        layers = compute_layers(model, adj, None, run_dir, n, opts, device, update=(inputs, rows, plan))
+        layers = compute_layers(
+            model, adj, None, run_dir, num_nodes=n, opts=opts, device=device, update=(inputs, rows, plan)
+        )
     layers["compute_s"] += plan_s  # what the update costs against a full run
     for a, st in zip(affected, layers["stats"], strict=True):
         # Work follows edges, and nodes a change reaches are the well-connected ones (degree bias).
@@ -158,7 +160,7 @@ def run_update(job: UpdateJob, run_dir: Path, opts, device, overwrite: bool) -> 
         "base_run": str(job.base.resolve()),
         "update": applied,
     }
-    out = publish_layerwise(run_dir, layers, job.ck, graph, opts, job.layer, extra_info)
+    out = publish_layerwise(run_dir, layers, job.ck, graph, opts=opts, layer=job.layer, extra_info=extra_info)
     graph_out = None
     if opts.write_graph:
         t1 = time.time()

@@ -144,7 +144,7 @@ def _predict_sums(data, sampler, sums_bytes: int, batch_size: int, step_s: float
         len(input_nodes),
         data.features.stored_dim,
     )
-    k = sum_sweep.cohorts_of(sums_bytes, per)
+    k = sum_sweep.batches_a_pass(sums_bytes, per)
     read_s, bound = read_seconds(plan, disk)
     adds_s = blocks[0].num_edges() * ADD_S_PER_EDGE
     pass_s = read_s + k * adds_s

@@ -59,11 +59,14 @@ def run(cfg: DictConfig) -> dict:
         indptr, indices = message_passing_csc(graph, ck, opts.edge_split)
         model = ck.model.to(device)
         adj, features = Adjacency(indptr, indices), input_features(graph, ck, indptr)
-        layers = compute_layers(model, adj, features, run_dir, graph.num_nodes, opts, device)
+        layers = compute_layers(
+            model, adj, features, run_dir, num_nodes=graph.num_nodes, opts=opts, device=device
+        )
         split = {"edge_split": opts.edge_split} if opts.edge_split else {}
         out = publish_layerwise(
-            run_dir, layers, ck, graph, opts, layer, {"delta": None, "base_run": None, **split}
-        )
+            run_dir, layers, ck, graph, opts=opts, layer=layer,
+            extra_info={"delta": None, "base_run": None, **split},
+        )  # fmt: skip
     return _report(layerwise_summary("layerwise", ck, graph, layers, out, meter.stats()), run_dir)
 
 

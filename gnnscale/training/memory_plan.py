@@ -40,7 +40,7 @@ import torch
 
 from gnnscale.storage.feature_store import FeatureStore
 from gnnscale.training.sum_sweep import CHUNK_BYTES as SUMS_CHUNK_BYTES
-from gnnscale.training.sum_sweep import PASS_BYTES, cohorts_of, shape_bytes
+from gnnscale.training.sum_sweep import PASS_BYTES, batches_a_pass, shape_bytes
 from gnnscale.training.sweep import CHUNK_BYTES as SWEEP_CHUNK_BYTES
 from gnnscale.training.sweep import SLOT_INDEX_BYTES, node_map_bytes, reads_dense
 from gnnscale.utils.memlimit import Budget, gb
@@ -368,7 +368,7 @@ def sums_batch_bytes(s: Sizes, shape: BatchShape) -> int:
 
 def cohort_batches(w: Workload, p: MemoryPlan) -> int:
     """Training batches a pass of the first-layer sums serves under plan p (SumSweep.cohort_size)."""
-    return cohorts_of(p.sums_bytes, sums_batch_bytes(w.sizes, w.train))
+    return batches_a_pass(p.sums_bytes, sums_batch_bytes(w.sizes, w.train))
 
 
 def _pages_touched(s: Sizes, rows: int) -> float:

@@ -86,7 +86,7 @@ def held_of(budget: int, per_batch: int) -> int:
     return int(max(2, min(2 * MOST_BATCHES, int(budget) // max(int(per_batch), 1))))
 
 
-def cohorts_of(budget: int, per_batch: int) -> float:
+def batches_a_pass(budget: int, per_batch: int) -> float:
     """Batches a pass serves, on average: cohorts alternate, each taking what the one before leaves."""
     return held_of(budget, per_batch) / 2
 
