@@ -25,7 +25,6 @@ from gnnscale.training.memory_plan import (
     estimate,
     fitting_settings,
     plan,
-    plan_eval_batches,
     refusal,
     sums_batch_bytes,
 )
@@ -158,32 +157,6 @@ def test_prefetch_shrinks_to_fit_and_a_plan_that_cannot_fit_says_what_would():
     bs, ebs = int(m.group(1) or 1024), int(m.group(2))
     assert ebs < 4096 and bs <= 1024  # evaluation batches (the largest) come down first
     assert estimate(W.scaled(bs / 1024, ebs / 4096), "read", 0, tight).fits
-
-
-def test_auto_evaluation_batches_halve_to_fit_and_set_ones_stay():
-    def at(seeds: int) -> Workload:  # EVAL is a 4096-seed batch; smaller ones scale linearly here
-        return W.scaled(1.0, seeds / 4096)
-
-    big = Budget(10**12, "test")
-    full = estimate(at(4096), "mmap", 0, big).must_fit
-    half = estimate(at(2048), "mmap", 0, big).must_fit
-    budget = between(half, full)
-    p, decided, w = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=budget)
-    assert p.fits and p.eval_batch_size == 2048 and w.evals == at(2048).evals
-    assert decided[0] == (
-        "evaluation batches 4,096 -> 2,048 seeds (train.eval_batch_size=0, auto): "
-        "larger ones would not fit the memory budget"
-    )
-    assert p.as_dict()["eval_batch_size"] == 2048
-    # Set by the user (floor = asked): the plan does not fit and says so; nothing is halved.
-    p, decided, _ = plan_eval_batches(at, 4096, 4096, feature_cache="mmap", prefetch=0, budget=budget)
-    assert not p.fits and p.eval_batch_size == 4096 and not any("evaluation batches" in d for d in decided)
-    # Never below the training batch size (the floor), even when that still does not fit.
-    p, _, _ = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=Budget(1, "test"))
-    assert not p.fits and p.eval_batch_size == 1024
-    # Fits as asked: untouched, no decision line.
-    p, decided, _ = plan_eval_batches(at, 4096, 1024, feature_cache="mmap", prefetch=0, budget=big)
-    assert p.eval_batch_size == 4096 and not any("evaluation batches" in d for d in decided)
 
 
 def test_first_layer_sums_plan_holds_cohorts_not_rows():

@@ -162,7 +162,7 @@ def test_link_report_ranks_the_heuristics_on_the_same_negatives(graph, tmp_path)
     split = ensure_edge_split(GraphDir(graph), 0, 0.05, 0.10)
     structure = PairStructure.of_split(split)
     g = csc_to_dgl(split.indptr, split.indices, split.num_nodes)
-    eval_bs = 4 * 128
+    eval_bs = 128  # train.eval_batch_size=0: the training batch size
     loader = LinkEvalLoader(g, np.asarray(split.test), None, eval_bs, 50, 0, 2)
     got_ranks = []
     for i, lo in enumerate(range(0, split.test.shape[1], eval_bs)):

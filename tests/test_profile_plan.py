@@ -216,25 +216,22 @@ def test_profile_stage_writes_json_and_valid_pngs(tmp_path):
     )
 
 
-def test_profile_halves_evaluation_batches_to_fit_as_train_does():
-    """train.eval_batch_size=0: profile's verdict is train's, whose evaluation batches halve to fit."""
-    from dataclasses import replace
-
+def test_profile_evaluation_batches_follow_the_batch_size_as_train_does():
+    """train.eval_batch_size=0: evaluation batches are the training batch size, so profile's plan at
+    another batch size scales them with it (sampled and subgraph formations alike); set, they stay."""
     from gnnscale.profile.minibatch import BatchModel
-    from gnnscale.training.memory_plan import BatchShape, Sizes, Workload, estimate
+    from gnnscale.training.memory_plan import BatchShape, Sizes, Workload
 
     sizes = Sizes(1_000_000, 256, 4, 80_000_000, (256, 128, 8), 70_000, False)
     train = BatchShape(200_000, (20_000, 1024), (200_000, 10_000))
-    evals = BatchShape(400_000, (60_000, 4096), (600_000, 40_000))  # a 4096-seed batch
+    evals = BatchShape(600_000, (100_000, 1024), (1_000_000, 10_000))  # all neighbours: larger than train's
     w = Workload(sizes, train, evals, 300 << 20, 0)
-    big = Budget(10**12, "test")
-    full = estimate(w, "mmap", 0, big).must_fit
-    half = estimate(replace(w, evals=evals.scaled(0.5, sizes.num_nodes)), "mmap", 0, big).must_fit
-    assert full - half > 100e6
-    budget = Budget((full + half) // 2, "test")
-
-    def model(follows: bool) -> BatchModel:
-        return BatchModel(w, None, 1024, follows, 10**7, 50.0, "mmap", 0, budget)
-
-    assert model(True).fits(1024, None) and model(True).plan(1024, None).eval_batch_size == 2048
-    assert not model(False).fits(1024, None)  # train.eval_batch_size set: it stays, and does not fit
+    budget = Budget(10**12, "test")
+    for fanouts in ([10, 10], None):
+        follows = BatchModel(w, fanouts, 1024, True, 10**7, 50.0, "mmap", 0, budget)
+        fixed = BatchModel(w, fanouts, 1024, False, 10**7, 50.0, "mmap", 0, budget)
+        assert follows.workload(2048, fanouts).evals == evals.scaled(2.0, sizes.num_nodes)
+        assert follows.workload(2048, fanouts).evals.dst_rows == (200_001, 2049)  # linear, + 1
+        assert fixed.workload(2048, fanouts).evals == evals
+        assert follows.workload(1024, fanouts).evals == evals
+        assert follows.plan(2048, fanouts).must_fit > fixed.plan(2048, fanouts).must_fit

@@ -171,7 +171,7 @@ def _run(graph, tmp_path, name: str, *extra: str, exp: str = "sage_2hop") -> tup
     s = train.run(
         compose(
             "train", f"graph_dir={graph}", f"run_dir={run_dir}", f"+exp={exp}", "train.epochs=2",
-            "train.batch_size=64", "train.eval_batch_size=64", *extra,
+            "train.batch_size=64", *extra,
         )
     )  # fmt: skip
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -202,6 +202,8 @@ def test_training_with_features_read_ahead_equals_features_in_ram(tiny_graph, tm
     assert [{k: r.get(k) for k in COMPUTED} for r in read] == [{k: r.get(k) for k in COMPUTED} for r in ram]
     assert w_ram.keys() == w_read.keys() and all(torch.equal(w_ram[k], w_read[k]) for k in w_ram)
     assert s_read["test_acc"] == s_ram["test_acc"]  # evaluation batches summed alike (val_acc: COMPUTED)
+    # train.eval_batch_size=0: the training batch size whatever the plan, so the metrics above agree
+    assert planned["eval_batch_size"] == s_ram["memory_plan"]["eval_batch_size"] == 64
 
 
 def test_link_training_with_features_read_equals_features_in_ram(tiny_graph, tmp_path):

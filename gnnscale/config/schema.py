@@ -476,7 +476,9 @@ class TrainOptions:
     num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use
     eval_every: int = 1  # validate every this many epochs
     eval_fanouts: Optional[List[int]] = None  # validation/test fanouts; default sampler.fanouts
-    eval_batch_size: int = 0  # 0 = auto: 4 x batch_size, halved (not below it) until the memory plan fits
+    eval_batch_size: int = (
+        0  # 0 = batch_size: the same evaluation batches (and metrics) whatever memory the run has
+    )
     patience: int = 10  # stop after this many epochs without a better val metric; 0 = never
     metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
     resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)

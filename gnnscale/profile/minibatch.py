@@ -32,7 +32,6 @@ from gnnscale.training.memory_plan import (
     _step_bytes,
     estimate,
     plan,
-    plan_eval_batches,
 )
 from gnnscale.utils.memlimit import Budget
 
@@ -156,7 +155,7 @@ class BatchModel:
         budget: Budget,
     ):
         self.w, self.fanouts, self.batch_size = w, fanouts, batch_size
-        self.eval_follows_batch = eval_follows_batch  # train.eval_batch_size=0: 4x the batch size
+        self.eval_follows_batch = eval_follows_batch  # train.eval_batch_size=0: the batch size
         self.num_edges, self.all_neighbours = num_edges, all_neighbours
         self.feature_cache, self.prefetch, self.budget = feature_cache, prefetch, budget
 
@@ -167,43 +166,21 @@ class BatchModel:
     def workload(self, batch_size: int, fanouts: list[int] | None) -> Workload:
         """The workload at another batch size / fanouts (the training batch; evaluation batches grow with
         the batch size when train.eval_batch_size=0 ties them to it, their fanouts stay)."""
-        n = self.w.sizes.num_nodes
+        n, f = self.w.sizes.num_nodes, batch_size / self.batch_size
+        evals = self.w.evals.scaled(f, n) if f != 1 and self.eval_follows_batch else self.w.evals
         if self.fanouts is None or fanouts is None:  # subgraph formations: linear in the batch
-            f = batch_size / self.batch_size
-            return replace(self.w, train=self.w.train.scaled(f, n) if f != 1 else self.w.train)
+            return replace(self.w, train=self.w.train.scaled(f, n) if f != 1 else self.w.train, evals=evals)
         train = extrapolate(
             self.w.train, self._worst(self.fanouts, self.batch_size), self._worst(fanouts, batch_size), n
         )
-        evals = self.w.evals
-        if batch_size != self.batch_size and self.eval_follows_batch:
-            evals = evals.scaled(batch_size / self.batch_size, n)
         return replace(self.w, train=train, evals=evals)
 
     def plan(self, batch_size: int, fanouts: list[int] | None, lean: bool = False) -> MemoryPlan:
-        """The train stage's plan at these settings; lean = features memory-mapped, no prefetch. With
-        train.eval_batch_size=0 the evaluation batches halve to fit, as train's do (down to batch_size)."""
+        """The train stage's plan at these settings; lean = features memory-mapped, no prefetch."""
         w = self.workload(batch_size, fanouts)
-        if not self.eval_follows_batch:
-            return (
-                estimate(w, "mmap", 0, self.budget)
-                if lean
-                else plan(w, self.feature_cache, self.prefetch, self.budget)[0]
-            )
-        asked, n = 4 * batch_size, self.w.sizes.num_nodes
-
-        def at(seeds: int) -> Workload:  # evaluation batches of `seeds`, grown linearly (an upper bound)
-            return w if seeds == asked else replace(w, evals=w.evals.scaled(seeds / asked, n))
-
         if lean:
-            return estimate(at(batch_size), "mmap", 0, self.budget)
-        return plan_eval_batches(
-            at,
-            asked,
-            batch_size,
-            feature_cache=self.feature_cache,
-            prefetch=self.prefetch,
-            budget=self.budget,
-        )[0]
+            return estimate(w, "mmap", 0, self.budget)
+        return plan(w, self.feature_cache, self.prefetch, self.budget)[0]
 
     def fits(self, batch_size: int, fanouts: list[int] | None) -> bool:
         """The train stage's own test (its plan's must_fit within the budget): what it would accept."""

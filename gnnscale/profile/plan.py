@@ -61,7 +61,7 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
     if described and fanouts is None:
         fanouts = [DESCRIBED_FANOUT] * layers
     batch_size = int(cfg.train.batch_size)
-    eval_bs = int(cfg.train.eval_batch_size) or 4 * batch_size
+    eval_bs = int(cfg.train.eval_batch_size) or batch_size
     all_neighbours = stats.degrees.max if stats.degrees is not None else stats.avg_degree
 
     device = pick_device(cfg.train.device)

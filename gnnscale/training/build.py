@@ -20,7 +20,7 @@ from gnnscale.training.memory_plan import (
     MemoryPlan,
     Sizes,
     Workload,
-    plan_eval_batches,
+    plan,
     probe_batches,
     refusal,
 )
@@ -55,7 +55,9 @@ def resolve_prefetch(prefetch: int, device: torch.device) -> int:
 
 
 def _eval_batch_size(t) -> int:
-    return int(t.eval_batch_size) or 4 * int(t.batch_size)
+    # 0: the training batch size. Larger evaluation batches sample other neighbours, so their metrics would
+    # change with the memory a run has wherever the plan had to shrink them (capped vs uncapped runs).
+    return int(t.eval_batch_size) or int(t.batch_size)
 
 
 def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = None) -> dict:
@@ -131,20 +133,19 @@ def preflight(
         norm=(cfg.model.get("norm") or "none") != "none",
         first_sums=sums_first_layer(cfg, data.feat_dim, data.num_classes, data.edges is None),
     )
-    asked = _eval_batch_size(t)
-    measured = Workload.now(sizes, train_shape, eval_shape(asked))  # the process read once, for every plan
+    eval_bs = _eval_batch_size(t)
+    w = Workload.now(sizes, train_shape, eval_shape(eval_bs))  # the process read once
     cache_rows = int(float(t.get("cache_gb", 0.0)) * 1e9) // sizes.row_bytes
     largest = max(phase.batch_size for phase in phases)
-    p, decisions, w = plan_eval_batches(
-        lambda bs: measured if bs == asked else replace(measured, evals=eval_shape(bs)),
-        asked,
-        largest if int(t.eval_batch_size) == 0 else asked,  # auto: evaluation batches may come down to fit
-        feature_cache=t.feature_cache,
-        prefetch=resolve_prefetch(int(t.prefetch), device),
-        budget=budget,
-        cache_rows=cache_rows,
+    p, decisions = plan(
+        w,
+        t.feature_cache,
+        resolve_prefetch(int(t.prefetch), device),
+        budget,
+        cache_rows,
         resident_ok=data.edges is None,  # a link run's graph is its edge split's, already placed
     )
+    p = replace(p, eval_batch_size=eval_bs)
     if not p.fits:
         raise MemoryBudgetError(*refusal(w, p, largest, p.eval_batch_size))
     return p, decisions

@@ -144,7 +144,7 @@ def evaluate(model, stream, task, precision, sync: Sync = SINGLE) -> dict:
     t0 = time.perf_counter()
     model.eval()
     collected = []
-    release_free_heap()  # what training left free in the heap, before the larger evaluation batches
+    release_free_heap()  # what training left free in the heap, before the evaluation batches
     for b in stream:
         with precision.autocast():
             if b.first is None:

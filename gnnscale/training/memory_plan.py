@@ -4,8 +4,7 @@ The estimate starts from what the process holds now (interpreter, torch, DGL, la
 measured, not guessed) and adds what training will allocate, from the sizes of a few sampled
 batches: the feature matrix when it is held in RAM, the gather buffers (one per prefetched batch),
 one training step's blocks, activations and gradients (or one evaluation batch's, whichever is
-larger), the optimizer's state and the trainer's own overhead (a measured constant). Evaluation
-batches at train.eval_batch_size=0 halve until the plan fits (plan_eval_batches). Memory-mapped files
+larger), the optimizer's state and the trainer's own overhead (a measured constant). Memory-mapped files
 (the CSC, features read from the shards) show up in RSS too, but the kernel can reclaim them: they
 are counted in `rss`; what must fit counts the CSC, which sampling reads all over, and, for
 memory-mapped features, the pages one training batch reads (below that the kernel evicts pages the
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -450,43 +448,6 @@ def _with_sums(w: Workload, p: MemoryPlan) -> MemoryPlan:
     return estimate(
         w, p.feature_cache, p.prefetch, p.budget, structure=p.structure, sums_bytes=p.sums_bytes + room
     )
-
-
-def plan_eval_batches(
-    workload_at: Callable[[int], Workload],
-    asked: int,
-    floor: int,
-    *,
-    feature_cache: str,
-    prefetch: int,
-    budget: Budget,
-    cache_rows: int = 0,
-    resident_ok: bool = True,
-) -> tuple[MemoryPlan, list[str], Workload]:
-    """plan() with evaluation batches of `asked` seeds; while that does not fit, with the evaluation batches
-    (the largest) halved, down to `floor` seeds (train.eval_batch_size=0: the training batch size; set by
-    the user: `asked`, they stay). workload_at(seeds) gives the workload at that evaluation batch size.
-    Returns the plan (its eval_batch_size the size chosen), its decisions and the workload planned."""
-    size, w = asked, workload_at(asked)
-    p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
-    while not p.fits and size // 2 >= floor:
-        size //= 2
-        w = workload_at(size)
-        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
-    why = "larger ones would not fit the memory budget"
-    if p.fits and p.feature_cache == LEAN_FEATURES and size > floor:
-        # Features read ahead: the disk sets the pace, not the batch size, and what larger evaluation batches
-        # would hold (their gather buffer and activations) puts more batches in flight on the sweep instead: on the 5M-node
-        # bench, 4,096-seed evaluation batches cost a third of the capped training speed. Other batches draw
-        # other neighbours, so val / test metrics differ (within sampling noise) from the in-RAM run's.
-        size, w = floor, workload_at(floor)
-        p, decisions = plan(w, feature_cache, prefetch, budget, cache_rows, resident_ok)
-        why = "with features read from disk, the memory goes to more batches in flight instead"
-    if p.fits and size != asked:
-        decisions.insert(
-            0, f"evaluation batches {asked:,} -> {size:,} seeds (train.eval_batch_size=0, auto): {why}"
-        )
-    return replace(p, eval_batch_size=size), decisions, w
 
 
 def refusal(w: Workload, p: MemoryPlan, batch_size: int, eval_batch_size: int) -> tuple[str, str]:

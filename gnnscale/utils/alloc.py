@@ -5,7 +5,7 @@ free, so every mini-batch's activations (tens of MB) are page-faulted in anew; o
 benchmark that is several ms per step. Raising both thresholds lets the next batch reuse the
 pages. Process-local, glibc-only: a no-op elsewhere.
 
-The price is a heap that only grows: evaluation batches (several times a training batch) leave free
+The price is a heap that only grows: evaluation batches (shaped unlike training's) leave free
 chunks behind in it, scattered over the allocator's per-thread arenas. On the 200k-node graph (512
 features, sage_2hop) the heap's peak during evaluation read 0.85-1.13 GB from run to run, and 0.87 GB
 each time once `release_free_heap` handed those chunks back between evaluation batches.
