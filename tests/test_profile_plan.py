@@ -227,9 +227,12 @@ def test_profile_evaluation_batches_follow_the_batch_size_as_train_does():
     evals = BatchShape(600_000, (100_000, 1024), (1_000_000, 10_000))  # all neighbours: larger than train's
     w = Workload(sizes, train, evals, 300 << 20, 0)
     budget = Budget(10**12, "test")
+    sizes_and_settings = dict(
+        num_edges=10**7, all_neighbours=50.0, feature_cache="mmap", prefetch=0, budget=budget
+    )
     for fanouts in ([10, 10], None):
-        follows = BatchModel(w, fanouts, 1024, True, 10**7, 50.0, "mmap", 0, budget)
-        fixed = BatchModel(w, fanouts, 1024, False, 10**7, 50.0, "mmap", 0, budget)
+        follows = BatchModel(w, fanouts, 1024, eval_follows_batch=True, **sizes_and_settings)
+        fixed = BatchModel(w, fanouts, 1024, eval_follows_batch=False, **sizes_and_settings)
         assert follows.workload(2048, fanouts).evals == evals.scaled(2.0, sizes.num_nodes)
         assert follows.workload(2048, fanouts).evals.dst_rows == (200_001, 2049)  # linear, + 1
         assert fixed.workload(2048, fanouts).evals == evals

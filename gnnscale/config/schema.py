@@ -476,9 +476,7 @@ class TrainOptions:
     num_threads: int = 0  # torch intra-op threads; 0 = every core this process may use
     eval_every: int = 1  # validate every this many epochs
     eval_fanouts: Optional[List[int]] = None  # validation/test fanouts; default sampler.fanouts
-    eval_batch_size: int = (
-        0  # 0 = batch_size: the same evaluation batches (and metrics) whatever memory the run has
-    )
+    eval_batch_size: int = 0  # 0 = batch_size (eval_batch_size()): the same metrics whatever the memory
     patience: int = 10  # stop after this many epochs without a better val metric; 0 = never
     metric: str = "acc"  # acc | f1_macro | roc_auc (binary)
     resume: bool = False  # continue from <run_dir>/checkpoints/last.pt (newest run if run_dir unset)
@@ -632,3 +630,10 @@ def register() -> None:
         for name, node in options.items():
             cs.store(group=group, name=f"{name}_schema", node=node)
     _registered = True
+
+
+def eval_batch_size(train) -> int:
+    """Seeds per evaluation batch: train.eval_batch_size, or at 0 the training batch size. Larger evaluation
+    batches sample other neighbours, so their metrics would change with the memory a run has wherever a
+    plan had to shrink them (capped vs uncapped runs)."""
+    return int(train.eval_batch_size) or int(train.batch_size)

@@ -147,6 +147,7 @@ class BatchModel:
         w: Workload,
         fanouts: list[int] | None,
         batch_size: int,
+        *,
         eval_follows_batch: bool,
         num_edges: int,
         all_neighbours: float,

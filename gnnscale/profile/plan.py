@@ -15,6 +15,7 @@ Every byte count is an int under a *_bytes key; *_gb / *_mb beside it are for pe
 
 from __future__ import annotations
 
+from gnnscale.config import eval_batch_size
 from gnnscale.models import build_model
 from gnnscale.profile.full_graph import full_graph_memory
 from gnnscale.profile.minibatch import (
@@ -61,7 +62,7 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
     if described and fanouts is None:
         fanouts = [DESCRIBED_FANOUT] * layers
     batch_size = int(cfg.train.batch_size)
-    eval_bs = int(cfg.train.eval_batch_size) or batch_size
+    eval_bs = eval_batch_size(cfg.train)
     all_neighbours = stats.degrees.max if stats.degrees is not None else stats.avg_degree
 
     device = pick_device(cfg.train.device)
@@ -89,12 +90,12 @@ def make_plan(cfg, budget: Budget, data=None) -> dict:
         w,
         fanouts,
         batch_size,
-        int(cfg.train.eval_batch_size) == 0,
-        stats.num_edges,
-        all_neighbours,
-        str(cfg.train.feature_cache),
-        resolve_prefetch(int(cfg.train.prefetch), device),
-        budget,
+        eval_follows_batch=int(cfg.train.eval_batch_size) == 0,
+        num_edges=stats.num_edges,
+        all_neighbours=all_neighbours,
+        feature_cache=str(cfg.train.feature_cache),
+        prefetch=resolve_prefetch(int(cfg.train.prefetch), device),
+        budget=budget,
     )
     full = full_graph_memory(
         stats, cfg.model, float(cfg.train.input_dropout), w.anon_now, mapped_now_bytes=w.mapped_now

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from gnnscale.config import eval_batch_size
 from gnnscale.errors import MemoryBudgetError
 from gnnscale.models import build_model, exact_on_blocks, model_signature, signature_hash
 from gnnscale.sampling import SamplingContext, build_eval_sampler, build_loader, build_sampler
@@ -52,12 +53,6 @@ def resolve_prefetch(prefetch: int, device: torch.device) -> int:
     """-1 = auto: gather ahead on a GPU (the CPU is otherwise idle), inline on CPU (a gather thread
     would steal the cores the model's own threads use)."""
     return int(prefetch) if prefetch >= 0 else (2 if device.type == "cuda" else 0)
-
-
-def _eval_batch_size(t) -> int:
-    # 0: the training batch size. Larger evaluation batches sample other neighbours, so their metrics would
-    # change with the memory a run has wherever the plan had to shrink them (capped vs uncapped runs).
-    return int(t.eval_batch_size) or int(t.batch_size)
 
 
 def build_samplers(cfg: DictConfig, data: TrainData, cache_dir: Path | None = None) -> dict:
@@ -133,7 +128,7 @@ def preflight(
         norm=(cfg.model.get("norm") or "none") != "none",
         first_sums=sums_first_layer(cfg, data.feat_dim, data.num_classes, data.edges is None),
     )
-    eval_bs = _eval_batch_size(t)
+    eval_bs = eval_batch_size(t)
     w = Workload.now(sizes, train_shape, eval_shape(eval_bs))  # the process read once
     cache_rows = int(float(t.get("cache_gb", 0.0)) * 1e9) // sizes.row_bytes
     largest = max(phase.batch_size for phase in phases)
@@ -208,7 +203,7 @@ def build_streams(
     Under data parallelism `data` holds this rank's splits, all_train every training node."""
     t = cfg.train
     stratified = cfg.sampler.get("seed_order", "random") == "stratified"
-    eval_bs = eval_batch_size or _eval_batch_size(t)
+    eval_bs = eval_batch_size or eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     # features read from disk: every batch's first layer summed as the file is read where the model allows
     # (data.sums_bytes, set from the plan), else the row sweep

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from gnnscale.config import eval_batch_size as config_eval_batch_size
 from gnnscale.sampling.link import (
     ClusterLinkLoader,
     KnownEdges,
@@ -38,7 +39,7 @@ def build_link_streams(
     checked up front (training/task_setup.py check_task)."""
     t, task = cfg.train, cfg.task
     split = data.edges
-    eval_bs = eval_batch_size or int(t.eval_batch_size) or int(t.batch_size)
+    eval_bs = eval_batch_size or config_eval_batch_size(t)
     buffers = FeatureBuffers(data.features.feat_dim, data.features.dtype, prefetch, device.type == "cuda")
     degree = np.diff(np.asarray(split.indptr)) if task.negative_sampler == "degree" else None
     hard = float(task.get("hard_negatives", 0.0))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from gnnscale.config import eval_batch_size
 from gnnscale.errors import DataError, GnnscaleError
 from gnnscale.training.loop import TIME_SPLIT
 
@@ -167,7 +168,7 @@ def build(cfg, g, job: dict, rank: int, world: int) -> Parts:
     fanouts = [int(f) for f in cfg.sampler.fanouts]
     eval_fanouts = [int(f) for f in (t.eval_fanouts or fanouts)]
     replace = bool(cfg.sampler.get("replace", False))
-    p.eval_batch = int(t.eval_batch_size) or int(t.batch_size)
+    p.eval_batch = eval_batch_size(t)
     loader = dgl.dataloading.DistNodeDataLoader
     p.train_loader = loader(
         g,
